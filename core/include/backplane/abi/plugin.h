@@ -1,0 +1,471 @@
+/* The backplane plugin ABI, version 1: the C contract between the core and a device plugin. */
+#ifndef BACKPLANE_ABI_PLUGIN_H
+#define BACKPLANE_ABI_PLUGIN_H
+
+/*
+ * Rules that hold for everything in this header (docs/plugin-abi.md says the same at length):
+ *
+ * - Only C types cross this boundary. No C++ object, exception or allocation made with one side's
+ *   allocator and freed by the other side's. Strings passed in are borrowed for the call; strings
+ *   and blobs passed out go through buffers or sinks that the caller provides.
+ * - Versioning: ABI major must be equal on both sides; minor may differ. Every table and every
+ *   argument struct starts with `struct_size`. A reader only touches fields that lie inside the
+ *   struct_size the writer set, so a newer host can use an older plugin (it sees the plugin's
+ *   smaller table and does without the missing functions) and an older host can use a newer
+ *   plugin (the plugin sees the host's smaller argument structs and uses defaults for the rest).
+ *   New fields are only ever appended, together with a minor version bump.
+ * - Every fallible function returns a bp_status and, when it fails, fills the bp_error the caller
+ *   passed (which may be NULL). BP_SUCCESS is 0.
+ * - Handles are opaque pointers owned by the plugin; the core releases each one exactly once with
+ *   the matching release/destroy function, and never after the owning device is closed.
+ * - Thread safety: plugin-level and device-level functions may be called from any thread at any
+ *   time. Functions that take a bp_stream are never called concurrently for the same stream (the
+ *   core serialises per stream) but are called concurrently for different streams. Event
+ *   functions (query, wait, release, elapsed) may be called from any thread, concurrently.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
+#define BP_ABI_VERSION_MAJOR 1
+#define BP_ABI_VERSION_MINOR 0
+
+/* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
+#define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
+
+#if defined(_WIN32)
+#define BP_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define BP_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Status and errors
+ * ------------------------------------------------------------------------------------------- */
+
+/// Result of every fallible call. New codes may be added in a minor version; a host treats an
+/// unknown code like BP_ERROR_INTERNAL.
+typedef enum bp_status {
+    BP_SUCCESS = 0,
+    BP_ERROR_INVALID_ARGUMENT = 1, ///< the caller broke the contract (bad handle, size, offset)
+    BP_ERROR_UNSUPPORTED = 2,      ///< the plugin or device does not offer this operation
+    BP_ERROR_OUT_OF_MEMORY = 3,    ///< the allocation does not fit now; the core may free and retry
+    BP_ERROR_NOT_FOUND = 4,        ///< no such device index, kernel entry point, ...
+    BP_ERROR_NO_DRIVER = 5,        ///< the vendor runtime is missing (message names the library)
+    BP_ERROR_NO_DEVICE = 6,        ///< the vendor runtime is there but reports no usable device
+    BP_ERROR_DEVICE_LOST = 7,      ///< the device is unusable (sticky error); later calls fail fast
+    BP_ERROR_COMPILE = 8,          ///< kernel compilation failed; the log went to the log sink
+    BP_ERROR_LAUNCH = 9,           ///< a launch was rejected (resources, block size, bindings)
+    BP_ERROR_TIMEOUT = 10,         ///< a host wait ran out of time; the work is still pending
+    BP_ERROR_NOT_READY = 11,       ///< an event query found pending work (not a failure)
+    BP_ERROR_INTERNAL = 12,        ///< anything else, including a C++ exception caught by the SDK
+} bp_status;
+
+/// Capacity of bp_error::message, including the terminating NUL.
+#define BP_ERROR_MESSAGE_CAPACITY 1024
+
+/// Error details filled by a failing call. Owned by the caller; the plugin writes into it.
+typedef struct bp_error {
+    size_t struct_size;  ///< sizeof(bp_error) as the caller knows it
+    bp_status code;      ///< same value as the function returned
+    int64_t vendor_code; ///< CUresult, VkResult, hipError_t, errno...; 0 if none
+    char message[BP_ERROR_MESSAGE_CAPACITY]; ///< NUL-terminated, truncated if longer; names the
+                                             ///< failing vendor call and what the user can do
+} bp_error;
+
+/* ---------------------------------------------------------------------------------------------
+ * Opaque handles (all owned by the plugin)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct bp_plugin bp_plugin; ///< one initialised plugin instance
+typedef struct bp_device bp_device; ///< one opened device (context, queues)
+typedef struct bp_memory bp_memory; ///< one page of memory (device, pinned host or host-visible)
+typedef struct bp_stream bp_stream; ///< an in-order queue of work on one device
+typedef struct bp_event bp_event;   ///< a completion point of a stream, created by a flush
+typedef struct bp_kernel bp_kernel; ///< a loaded kernel (module + entry point, or pipeline)
+
+/* ---------------------------------------------------------------------------------------------
+ * Host services offered to the plugin
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum bp_log_level {
+    BP_LOG_TRACE = 0,
+    BP_LOG_DEBUG = 1,
+    BP_LOG_INFO = 2,
+    BP_LOG_WARN = 3,
+    BP_LOG_ERROR = 4,
+} bp_log_level;
+
+/// Receives variable-size output (a compiled binary, a compiler log). The plugin may call `write`
+/// several times; the chunks are appended. `user` is passed back untouched.
+typedef struct bp_blob_sink {
+    void *user;
+    void (*write)(void *user, const void *data, size_t size);
+} bp_blob_sink;
+
+/// Arguments of bp_plugin_api::plugin_init. Everything is borrowed for the duration of the call,
+/// except `log`/`log_user`, which stay valid until plugin_destroy returns.
+typedef struct bp_plugin_init_args {
+    size_t struct_size;
+    uint32_t host_abi_major;
+    uint32_t host_abi_minor;
+    /// Log sink of the core (subsystem "plugin.<name>"); may be called from any thread. May be NULL.
+    void (*log)(void *log_user, bp_log_level level, const char *message);
+    void *log_user;
+    /// Directory the plugin may use for its own caches (e.g. a VkPipelineCache); created by the
+    /// core, may be NULL when caching is off.
+    const char *cache_dir;
+    /// Plugin-specific options from the config file's `plugins.options.<name>` object, as JSON
+    /// text; "{}" when none.
+    const char *options_json;
+} bp_plugin_init_args;
+
+/* ---------------------------------------------------------------------------------------------
+ * Probe and device description
+ * ------------------------------------------------------------------------------------------- */
+
+/// Result of the cheap probe: is the vendor runtime present and how many devices does it see.
+/// Probing must not create contexts or queues.
+typedef struct bp_probe_result {
+    size_t struct_size;
+    uint32_t device_count;
+    char driver_version[64]; ///< vendor runtime/driver version, "" if unknown
+} bp_probe_result;
+
+typedef enum bp_device_type {
+    BP_DEVICE_TYPE_OTHER = 0,
+    BP_DEVICE_TYPE_DISCRETE_GPU = 1,
+    BP_DEVICE_TYPE_INTEGRATED_GPU = 2,
+    BP_DEVICE_TYPE_VIRTUAL_GPU = 3,
+    BP_DEVICE_TYPE_CPU = 4,
+} bp_device_type;
+
+/// Kernel source dialects. A plugin lists the ones it accepts in bp_device_info::dialects as a
+/// bit mask of (1u << dialect).
+typedef enum bp_dialect {
+    BP_DIALECT_CUDA = 0,  ///< CUDA C++ (NVRTC; hiprtc for HIP)
+    BP_DIALECT_HIP = 1,   ///< HIP C++
+    BP_DIALECT_GLSL = 2,  ///< GLSL compute shader, compiled to SPIR-V
+    BP_DIALECT_SPIRV = 3, ///< SPIR-V binary (source_size a multiple of 4)
+    BP_DIALECT_HOST = 4,  ///< a native function: source is a bp_host_kernel_source
+} bp_dialect;
+
+/// Capability bits of bp_device_info::capabilities.
+enum {
+    /// Streams run asynchronously to the host and flush returns real device events. Without it
+    /// the core drives the device through its scheduler streams (one backend stream, task queues).
+    BP_CAPABILITY_ASYNC_STREAMS = 1u << 0,
+    /// stream_flush can create timing events and event_elapsed_ns works.
+    BP_CAPABILITY_TIMESTAMPS = 1u << 1,
+    /// copy_peer works between two devices of this plugin.
+    BP_CAPABILITY_PEER_COPY = 1u << 2,
+    /// BP_MEMORY_DEVICE pages can be mapped into the host address space (memory_map).
+    BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY = 1u << 3,
+    /// kernel_launch accepts a grid read from a buffer (bp_launch_args::grid_memory).
+    BP_CAPABILITY_INDIRECT_DISPATCH = 1u << 4,
+    /// kernel_compile produces blobs that stay valid in another process (the core may put them in
+    /// its on-disk cache). Host-dialect kernels, for instance, are function pointers: not portable.
+    BP_CAPABILITY_PORTABLE_BINARIES = 1u << 5,
+};
+
+/// What a device is and what it can do. Filled by device_info, which must be cheap (no context).
+typedef struct bp_device_info {
+    size_t struct_size;
+    char name[256];          ///< "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.6, 256 bits)"
+    char vendor[64];         ///< "NVIDIA", "AMD", "Mesa", "backplane"
+    char arch[64];           ///< "sm_90", "gfx90a", "lavapipe", "x86_64"
+    char driver_version[64]; ///< part of the device fingerprint used to key caches
+    char pci_bus_id[32];     ///< "0000:1b:00.0", "" if the device has none
+    uint8_t uuid[16];        ///< stable identity; equal for one GPU seen through two plugins
+    uint32_t has_uuid;       ///< 0 when the vendor API reports no UUID (uuid is then all zero)
+    bp_device_type type;
+    uint64_t memory_bytes;         ///< device-local memory the device may allocate
+    uint64_t max_allocation_bytes; ///< largest single page memory_allocate accepts
+    uint32_t max_block_size[3];    ///< per dimension
+    uint32_t max_block_threads;    ///< product of block dims
+    uint32_t max_grid_size[3];
+    uint32_t max_shared_memory_bytes;
+    uint32_t subgroup_size;         ///< warp / wavefront / subgroup width, 1 on a CPU
+    uint32_t binding_alignment;     ///< bp_binding::offset must be a multiple of this (>= 1)
+    uint32_t max_bindings;          ///< buffers per launch
+    uint32_t max_scalar_bytes;      ///< bp_launch_args::scalar_size limit
+    uint32_t max_streams;           ///< concurrent backend streams worth creating (>= 1)
+    uint32_t dialects;              ///< mask of (1u << bp_dialect)
+    uint32_t capabilities;          ///< mask of BP_CAPABILITY_*
+} bp_device_info;
+
+/// Arguments of device_open. Reserved for options; fill struct_size.
+typedef struct bp_device_open_args {
+    size_t struct_size;
+    uint32_t flags; ///< none defined in v1; must be 0
+} bp_device_open_args;
+
+/* ---------------------------------------------------------------------------------------------
+ * Storage
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum bp_memory_kind {
+    BP_MEMORY_DEVICE = 0,       ///< device-local; the core slices these pages into pools
+    BP_MEMORY_PINNED_HOST = 1,  ///< page-locked host memory for staging; always mapped
+    BP_MEMORY_HOST_VISIBLE = 2, ///< device memory the host can map (BAR / unified); always mapped
+} bp_memory_kind;
+
+typedef struct bp_memory_allocate_args {
+    size_t struct_size;
+    bp_memory_kind kind;
+    uint64_t size; ///< bytes, > 0
+} bp_memory_allocate_args;
+
+/// Native objects a plugin can hand out for interop (bp_plugin_api::native_handle).
+typedef enum bp_native_kind {
+    BP_NATIVE_DEVICE = 0, ///< object: NULL. CUcontext, VkDevice, hipDevice_t...
+    BP_NATIVE_STREAM = 1, ///< object: bp_stream*. CUstream, VkQueue, hipStream_t...
+    BP_NATIVE_MEMORY = 2, ///< object: bp_memory*. CUdeviceptr, VkBuffer, void*...
+} bp_native_kind;
+
+/* ---------------------------------------------------------------------------------------------
+ * Streams and events
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct bp_stream_create_args {
+    size_t struct_size;
+    uint32_t priority; ///< 0 = default; reserved in v1
+} bp_stream_create_args;
+
+/// Flags of bp_flush_args::flags.
+enum {
+    /// The event must carry a device timestamp usable with event_elapsed_ns.
+    BP_FLUSH_TIMING_EVENT = 1u << 0,
+};
+
+typedef struct bp_flush_args {
+    size_t struct_size;
+    uint32_t flags; ///< BP_FLUSH_*
+} bp_flush_args;
+
+/* ---------------------------------------------------------------------------------------------
+ * Transfers (all stream-ordered and asynchronous: host pointers must stay valid and unchanged
+ * until an event flushed after the call has completed)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct bp_copy_host_to_device_args {
+    size_t struct_size;
+    const void *src;
+    bp_memory *dst;
+    uint64_t dst_offset;
+    uint64_t size;
+} bp_copy_host_to_device_args;
+
+typedef struct bp_copy_device_to_host_args {
+    size_t struct_size;
+    bp_memory *src;
+    uint64_t src_offset;
+    void *dst;
+    uint64_t size;
+} bp_copy_device_to_host_args;
+
+/// Copy within one device, or (copy_peer) from another device of the same plugin.
+typedef struct bp_copy_device_to_device_args {
+    size_t struct_size;
+    bp_memory *src;
+    uint64_t src_offset;
+    bp_memory *dst;
+    uint64_t dst_offset;
+    uint64_t size;
+} bp_copy_device_to_device_args;
+
+/// Fill `size` bytes with a repeated 4-byte pattern; offset and size are multiples of 4.
+typedef struct bp_fill_args {
+    size_t struct_size;
+    bp_memory *dst;
+    uint64_t offset;
+    uint64_t size;
+    uint32_t pattern;
+} bp_fill_args;
+
+/* ---------------------------------------------------------------------------------------------
+ * Kernels
+ * ------------------------------------------------------------------------------------------- */
+
+/// One workgroup's view of a host-dialect launch.
+typedef struct bp_host_kernel_context {
+    size_t struct_size;
+    uint32_t grid[3];        ///< number of workgroups
+    uint32_t block[3];       ///< threads per workgroup (the function loops over them itself)
+    uint32_t workgroup[3];   ///< id of the workgroup this call computes
+    void *const *buffers;    ///< binding i's host address, offset applied
+    const uint64_t *buffer_sizes;
+    uint32_t buffer_count;
+    const void *scalars;
+    size_t scalar_size;
+} bp_host_kernel_context;
+
+/// A host-dialect kernel: called once per workgroup, possibly concurrently for different ones.
+typedef void (*bp_host_kernel_fn)(const bp_host_kernel_context *context);
+
+/// The `source` of a BP_DIALECT_HOST kernel: the function itself, passed by address.
+typedef struct bp_host_kernel_source {
+    size_t struct_size;
+    bp_host_kernel_fn function;
+} bp_host_kernel_source;
+
+typedef struct bp_kernel_compile_args {
+    size_t struct_size;
+    bp_dialect dialect;
+    const char *entry_point;     ///< function name in the source ("main" for GLSL)
+    const void *source;          ///< text (not necessarily NUL-terminated) or binary
+    size_t source_size;
+    const char *const *options;  ///< compiler options, e.g. "-DTILE=16"; may be NULL
+    uint32_t option_count;
+    bp_blob_sink binary;         ///< receives the loadable blob (CUBIN, code object, SPIR-V...)
+    bp_blob_sink log;            ///< receives the compiler log, also on success; write may be NULL
+} bp_kernel_compile_args;
+
+typedef struct bp_kernel_load_args {
+    size_t struct_size;
+    bp_dialect dialect;          ///< dialect the blob was compiled from
+    const char *entry_point;
+    const void *binary;          ///< a blob produced by kernel_compile of this plugin
+    size_t binary_size;
+} bp_kernel_load_args;
+
+/// One buffer bound to a launch, in binding order.
+typedef struct bp_binding {
+    bp_memory *memory;
+    uint64_t offset; ///< multiple of bp_device_info::binding_alignment
+    uint64_t size;   ///< bytes visible to the kernel from offset
+} bp_binding;
+
+typedef struct bp_launch_args {
+    size_t struct_size;
+    bp_kernel *kernel;
+    uint32_t grid[3];          ///< workgroups; ignored when grid_memory is set
+    bp_memory *grid_memory;    ///< NULL, or a buffer holding three uint32 (x, y, z) read at
+                               ///< execution time (needs BP_CAPABILITY_INDIRECT_DISPATCH)
+    uint64_t grid_offset;
+    uint32_t block[3];         ///< threads per workgroup
+    const bp_binding *bindings;
+    uint32_t binding_count;
+    const void *scalars;       ///< copied during the call; may be NULL
+    size_t scalar_size;
+    uint32_t shared_memory_bytes; ///< dynamic shared memory per workgroup
+} bp_launch_args;
+
+/* ---------------------------------------------------------------------------------------------
+ * The function table
+ * ------------------------------------------------------------------------------------------- */
+
+/// The table returned by the entry symbol. Static storage in the plugin, valid while the library
+/// is loaded. Every function added after ABI 1.0 lies past the struct_size of older plugins; the
+/// host checks before calling (a NULL pointer inside struct_size also means "not provided").
+typedef struct bp_plugin_api {
+    size_t struct_size;
+    uint32_t abi_major;
+    uint32_t abi_minor;
+    const char *plugin_name;    ///< equals the manifest's "name"
+    const char *plugin_version; ///< the plugin's own version, part of cache keys
+
+    /* lifecycle --------------------------------------------------------------------------- */
+    /// Creates the plugin instance. Cheap: no vendor contexts. May load the vendor library, or
+    /// defer that to probe. Fails with BP_ERROR_INTERNAL or BP_ERROR_UNSUPPORTED (e.g. the host's
+    /// ABI minor is too old for this plugin).
+    bp_status (*plugin_init)(const bp_plugin_init_args *args, bp_plugin **out, bp_error *error);
+    /// Destroys the instance; every device has been closed before. Joins plugin threads.
+    void (*plugin_destroy)(bp_plugin *plugin);
+
+    /* probe and devices --------------------------------------------------------------------- */
+    /// Is the vendor runtime here and how many devices does it see. BP_ERROR_NO_DRIVER when the
+    /// vendor library is missing (message: the loader's text), BP_ERROR_NO_DEVICE or
+    /// device_count == 0 when there is none. Must not create contexts.
+    bp_status (*probe)(bp_plugin *plugin, bp_probe_result *out, bp_error *error);
+    /// Describes device `index` (< device_count). Cheap; no context.
+    bp_status (*device_info)(bp_plugin *plugin, uint32_t index, bp_device_info *out,
+                             bp_error *error);
+    /// Opens device `index`: contexts, queues. A device may be opened once per plugin instance.
+    bp_status (*device_open)(bp_plugin *plugin, uint32_t index, const bp_device_open_args *args,
+                             bp_device **out, bp_error *error);
+    /// Closes a device after the core released every memory, stream, event and kernel of it.
+    void (*device_close)(bp_device *device);
+
+    /* storage ------------------------------------------------------------------------------- */
+    /// Allocates one page. For PINNED_HOST and HOST_VISIBLE pages `*mapped` receives the host
+    /// address (valid until memory_free); for DEVICE pages it is set to NULL. Out of memory is
+    /// BP_ERROR_OUT_OF_MEMORY, never a crash.
+    bp_status (*memory_allocate)(bp_device *device, const bp_memory_allocate_args *args,
+                                 bp_memory **out, void **mapped, bp_error *error);
+    /// Frees a page. The core guarantees no pending work uses it.
+    void (*memory_free)(bp_device *device, bp_memory *memory);
+    /// Host address of a DEVICE page, where BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY is set;
+    /// BP_ERROR_UNSUPPORTED otherwise. Valid until memory_free.
+    bp_status (*memory_map)(bp_device *device, bp_memory *memory, void **mapped, bp_error *error);
+
+    /* streams and events -------------------------------------------------------------------- */
+    bp_status (*stream_create)(bp_device *device, const bp_stream_create_args *args,
+                               bp_stream **out, bp_error *error);
+    /// Destroys a stream after waiting for its work. Events flushed from it stay valid.
+    void (*stream_destroy)(bp_device *device, bp_stream *stream);
+    /// Submits everything recorded on the stream. When `out` is not NULL, also returns an event
+    /// that completes when all work submitted so far on this stream has completed.
+    bp_status (*stream_flush)(bp_device *device, bp_stream *stream, const bp_flush_args *args,
+                              bp_event **out, bp_error *error);
+    /// Device-side wait: later work on `stream` starts after `event` completed. The event may
+    /// come from any stream of the same device and stays owned by the caller.
+    bp_status (*stream_wait_event)(bp_device *device, bp_stream *stream, bp_event *event,
+                                   bp_error *error);
+    /// Host-side wait, at most timeout_ns (UINT64_MAX: forever). BP_ERROR_TIMEOUT if it ran out;
+    /// the error of the work (e.g. BP_ERROR_DEVICE_LOST) if it failed.
+    bp_status (*event_wait)(bp_device *device, bp_event *event, uint64_t timeout_ns,
+                            bp_error *error);
+    /// BP_SUCCESS when complete, BP_ERROR_NOT_READY when pending; never blocks.
+    bp_status (*event_query)(bp_device *device, bp_event *event, bp_error *error);
+    void (*event_release)(bp_device *device, bp_event *event);
+    /// Device time between two completed timing events (BP_FLUSH_TIMING_EVENT), in nanoseconds.
+    bp_status (*event_elapsed_ns)(bp_device *device, bp_event *start, bp_event *end,
+                                  uint64_t *out, bp_error *error);
+
+    /* transfers ------------------------------------------------------------------------------- */
+    bp_status (*copy_host_to_device)(bp_device *device, bp_stream *stream,
+                                     const bp_copy_host_to_device_args *args, bp_error *error);
+    bp_status (*copy_device_to_host)(bp_device *device, bp_stream *stream,
+                                     const bp_copy_device_to_host_args *args, bp_error *error);
+    bp_status (*copy_device_to_device)(bp_device *device, bp_stream *stream,
+                                       const bp_copy_device_to_device_args *args, bp_error *error);
+    bp_status (*fill)(bp_device *device, bp_stream *stream, const bp_fill_args *args,
+                      bp_error *error);
+    /// Copies from `src_device`'s memory into `device`'s memory, ordered on `stream` (a stream of
+    /// `device`). Needs BP_CAPABILITY_PEER_COPY on both; may be NULL.
+    bp_status (*copy_peer)(bp_device *device, bp_stream *stream, bp_device *src_device,
+                           const bp_copy_device_to_device_args *args, bp_error *error);
+
+    /* kernels --------------------------------------------------------------------------------- */
+    /// Compiles a source into a loadable blob for this device (its exact arch). Synchronous, does
+    /// not touch streams. BP_ERROR_COMPILE with the log in args->log on a compile error.
+    bp_status (*kernel_compile)(bp_device *device, const bp_kernel_compile_args *args,
+                                bp_error *error);
+    bp_status (*kernel_load)(bp_device *device, const bp_kernel_load_args *args, bp_kernel **out,
+                             bp_error *error);
+    void (*kernel_release)(bp_device *device, bp_kernel *kernel);
+    /// Records a launch on the stream. Bindings must belong to this device.
+    bp_status (*kernel_launch)(bp_device *device, bp_stream *stream, const bp_launch_args *args,
+                               bp_error *error);
+
+    /* interop --------------------------------------------------------------------------------- */
+    /// The vendor object behind a handle, as an integer (pointer or 64-bit handle).
+    bp_status (*native_handle)(bp_device *device, bp_native_kind kind, const void *object,
+                               uint64_t *out, bp_error *error);
+} bp_plugin_api;
+
+/// Signature of the entry symbol BP_PLUGIN_ENTRY_SYMBOL. Returns the plugin's static table; the
+/// host checks abi_major before calling anything in it. Never fails, never allocates.
+typedef const bp_plugin_api *(*bp_get_plugin_api_fn)(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* BACKPLANE_ABI_PLUGIN_H */

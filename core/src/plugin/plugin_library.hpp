@@ -1,0 +1,97 @@
+// A loaded plugin library: Boost.DLL handle, checked function table, initialised instance.
+#pragma once
+
+#include <backplane/abi/plugin.h>
+#include <backplane/error.hpp>
+
+#include <boost/dll/shared_library.hpp>
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace backplane::detail {
+
+/// Why opening a plugin library failed; each maps to one state of the loader's report.
+enum class LoadFailure {
+    LibraryLoad,   ///< dlopen failed (missing file, missing dependency, not a library)
+    EntryMissing,  ///< the library has no BP_PLUGIN_ENTRY_SYMBOL
+    AbiMismatch,   ///< the table's ABI major differs from the core's
+    InvalidTable,  ///< the table is too small for ABI 1.0 or misses required functions
+    InitFailed,    ///< plugin_init returned an error (or threw through the SDK)
+};
+
+/// Thrown by PluginLibrary::open; message names the file and what to do.
+class PluginLoadError : public Error {
+public:
+    PluginLoadError(LoadFailure failure, const std::string &message)
+        : Error(ErrorCode::PluginLoad, message), failure_(failure) {}
+    LoadFailure failure() const noexcept { return failure_; }
+
+private:
+    LoadFailure failure_;
+};
+
+/// Settings passed to plugin_init.
+struct PluginInitOptions {
+    std::string cacheDir;          ///< "" = no cache directory
+    std::string optionsJson = "{}";
+};
+
+/// Converts a failed ABI status into backplane::Error (the one place that does it).
+[[noreturn]] void throwStatus(bp_status status, const bp_error &error, const std::string &backend,
+                              const std::string &what);
+
+/// A freshly made bp_error, ready to pass to a plugin.
+inline bp_error makeError() {
+    bp_error e{};
+    e.struct_size = sizeof(bp_error);
+    return e;
+}
+
+/// One loaded plugin. Shared: everything created from the plugin (devices, memory, kernels)
+/// holds a shared_ptr to it, so the library stays mapped while any of its objects lives
+/// (Boost.DLL's rule). Destruction calls plugin_destroy, then unloads.
+class PluginLibrary {
+public:
+    /// Loads `libraryPath`, imports the entry symbol, checks the ABI and calls plugin_init.
+    /// Throws PluginLoadError. `expectedName` (the manifest's) must equal the table's name.
+    static std::shared_ptr<PluginLibrary> open(const std::filesystem::path &libraryPath,
+                                               const std::string &expectedName,
+                                               const PluginInitOptions &options);
+    ~PluginLibrary();
+    PluginLibrary(const PluginLibrary &) = delete;
+    PluginLibrary &operator=(const PluginLibrary &) = delete;
+
+    const bp_plugin_api &api() const noexcept { return *api_; }
+    bp_plugin *instance() const noexcept { return instance_; }
+    const std::string &name() const noexcept { return name_; }
+    const std::string &version() const noexcept { return version_; }
+    uint32_t abiMinor() const noexcept { return api_->abi_minor; }
+    const std::filesystem::path &path() const noexcept { return path_; }
+
+    /// True when the plugin's table has function `member` (inside its struct_size, non-null).
+    template <class Member> bool has(Member bp_plugin_api::*member) const noexcept {
+        const auto offset = reinterpret_cast<size_t>(
+            &(static_cast<const bp_plugin_api *>(nullptr)->*member));
+        return offset + sizeof(Member) <= api_->struct_size && api_->*member != nullptr;
+    }
+
+    /// Runs the cheap probe. Throws Error (NoDriver, NoDevice...) with the plugin's message.
+    bp_probe_result probe() const;
+    /// Describes one device; no context is created.
+    bp_device_info deviceInfo(uint32_t index) const;
+
+private:
+    PluginLibrary() = default;
+
+    boost::dll::shared_library library_;
+    const bp_plugin_api *api_ = nullptr;
+    bp_plugin *instance_ = nullptr;
+    std::string name_;
+    std::string version_;
+    std::filesystem::path path_;
+};
+
+} // namespace backplane::detail
