@@ -1,0 +1,92 @@
+// Config: every setting of the runtime, as read from the JSON config file and the environment.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace backplane {
+
+/// How streams without native async support are scheduled (SchedulerMultiStream).
+enum class SchedulerMode { Interleave, Sequential };
+
+/// Autotune effort. `Off` uses the first valid candidate (or a cached winner) without benchmarking.
+enum class TuneLevel { Off, Minimal, Balanced, Extensive, Full };
+
+/// The whole configuration. Defaults are what a missing key means; docs/config.md lists every
+/// key with its JSON path, type and default. Values come, lowest precedence first, from the
+/// defaults, the config file, then environment variables (BACKPLANE_DEVICE, BACKPLANE_PLUGIN_PATH,
+/// BACKPLANE_CACHE_DIR, BACKPLANE_AUTOTUNE, BACKPLANE_LOG, BACKPLANE_MAX_STREAMS).
+struct Config {
+    /// Where the file came from ("" when defaults only); errors and reports name it.
+    std::filesystem::path source;
+
+    // "devices": selection --------------------------------------------------------------------
+    /// devices.prefer: ordered selectors ("cuda:0", "vulkan:<uuid>", "hip", "*:gpu", "*:cpu",
+    /// "host"). Empty = the built-in order: discrete GPU, integrated GPU, other, CPU.
+    std::vector<std::string> devicePreference;
+    /// devices.required: nothing in devicePreference matched -> Error(NoMatchingDevice) instead
+    /// of falling back to the best device present.
+    bool deviceRequired = false;
+    /// devices.backend_priority: which plugin owns a physical GPU reached through several
+    /// (same UUID). First listed wins.
+    std::vector<std::string> backendPriority = {"cuda", "hip", "vulkan", "host"};
+
+    // "plugins": discovery --------------------------------------------------------------------
+    /// plugins.paths: directories or manifest files searched after BACKPLANE_PLUGIN_PATH.
+    std::vector<std::filesystem::path> pluginPaths;
+    /// plugins.enable: when non-empty, only these plugin names are loaded.
+    std::vector<std::string> pluginEnable;
+    /// plugins.disable: these plugin names are never loaded (applied after enable).
+    std::vector<std::string> pluginDisable;
+    /// plugins.options.<name>: JSON text handed to that plugin's init.
+    std::map<std::string, std::string> pluginOptions;
+
+    // "streams" -------------------------------------------------------------------------------
+    /// streams.max_streams: backend streams per device; stream id -> slot id % max_streams.
+    uint32_t maxStreams = 128;
+    /// streams.scheduler: for plugins without native async streams.
+    SchedulerMode schedulerMode = SchedulerMode::Interleave;
+    /// streams.max_tasks: tasks batched per scheduler flush.
+    uint32_t schedulerMaxTasks = 8;
+
+    // "memory" --------------------------------------------------------------------------------
+    /// memory.staging_chunk_bytes: chunk of the pinned staging pipeline for pageable transfers.
+    uint64_t stagingChunkBytes = 8ull << 20;
+    /// memory.max_page_bytes: cap on sliced-pool page size (0 = derived from device memory).
+    uint64_t maxPageBytes = 0;
+
+    // "cache" ---------------------------------------------------------------------------------
+    /// cache.dir: kernels, tuning results, pipeline caches. Default $XDG_CACHE_HOME/backplane
+    /// (or ~/.cache/backplane).
+    std::filesystem::path cacheDir;
+    /// cache.enabled: false keeps everything in memory.
+    bool cacheEnabled = true;
+
+    // "autotune" ------------------------------------------------------------------------------
+    /// autotune.level (also BACKPLANE_AUTOTUNE=off|minimal|balanced|extensive|full).
+    TuneLevel tuneLevel = TuneLevel::Balanced;
+
+    // "log" -----------------------------------------------------------------------------------
+    /// log: a level spec as in backplane::log::configure ("info,loader=debug"); "" = unchanged.
+    std::string logSpec;
+};
+
+/// Finds and reads the config: BACKPLANE_CONFIG, then ./backplane.json, then
+/// $XDG_CONFIG_HOME/backplane/config.json (~/.config/...); none found = defaults. Then applies
+/// the environment overrides. Throws Error(Config) naming the file and the JSON path of a bad
+/// value ("backplane.json: /devices/prefer/2: expected a string, got 3").
+Config loadConfig();
+
+/// Reads one file (no environment overrides). Throws Error(Config) as above; unknown keys are
+/// errors too (they are usually typos), with the list of known keys at that level.
+Config readConfigFile(const std::filesystem::path &file);
+
+/// Applies BACKPLANE_* environment overrides to `config`. Throws Error(Config) naming the
+/// variable on a bad value.
+void applyEnvironment(Config &config);
+
+} // namespace backplane
