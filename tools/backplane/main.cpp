@@ -1,7 +1,64 @@
 // The backplane command: devices, config check, demo, bench, tune, cache.
-#include <cstdio>
+#include "commands.hpp"
 
-int main() {
-    std::puts("backplane: not yet");
-    return 0;
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct Command {
+    const char *name;
+    int (*run)(const backplane::tool::Args &);
+    const char *usage;
+};
+
+// Only the subcommands built into this binary (cmd_<name>.cpp present) are listed.
+constexpr Command kCommands[] = {
+#ifdef BACKPLANE_HAVE_CMD_DEVICES
+    {"devices", &backplane::tool::runDevices,
+     "devices [--json]          plugins, devices and why each candidate was (not) used"},
+#endif
+#ifdef BACKPLANE_HAVE_CMD_CONFIG
+    {"config", &backplane::tool::runConfig,
+     "config check FILE | show  validate a config file / print the effective settings"},
+#endif
+#ifdef BACKPLANE_HAVE_CMD_DEMO
+    {"demo", &backplane::tool::runDemo, "demo [--device SELECTOR]  run the built-in demo workload"},
+#endif
+#ifdef BACKPLANE_HAVE_CMD_BENCH
+    {"bench", &backplane::tool::runBench,
+     "bench [SUITE...] [--json]  compare the runtime with the raw vendor APIs"},
+#endif
+#ifdef BACKPLANE_HAVE_CMD_TUNE
+    {"tune", &backplane::tool::runTune, "tune list|clear|export|import  autotune results"},
+#endif
+#ifdef BACKPLANE_HAVE_CMD_CACHE
+    {"cache", &backplane::tool::runCache, "cache [info|clear]        kernel and pipeline caches"},
+#endif
+    {nullptr, nullptr, nullptr},
+};
+
+int usage(std::FILE *out) {
+    std::fputs("usage: backplane <command> [arguments]\n\ncommands:\n", out);
+    for (const Command &c : kCommands)
+        if (c.name != nullptr) std::fprintf(out, "  %s\n", c.usage);
+    std::fputs("\nenvironment: BACKPLANE_CONFIG, BACKPLANE_DEVICE, BACKPLANE_PLUGIN_PATH, "
+               "BACKPLANE_CACHE_DIR,\n  BACKPLANE_AUTOTUNE, BACKPLANE_MAX_STREAMS, BACKPLANE_LOG "
+               "(docs/config.md)\n",
+               out);
+    return out == stdout ? 0 : 2;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage(stderr);
+    const std::string name = argv[1];
+    if (name == "help" || name == "--help" || name == "-h") return usage(stdout);
+    for (const Command &c : kCommands) {
+        if (c.name == nullptr || name != c.name) continue;
+        return c.run(backplane::tool::Args(argv + 2, argv + argc));
+    }
+    std::fprintf(stderr, "backplane: unknown command '%s'\n\n", name.c_str());
+    return usage(stderr);
 }

@@ -38,6 +38,9 @@ struct Config {
     // "plugins": discovery --------------------------------------------------------------------
     /// plugins.paths: directories or manifest files searched after BACKPLANE_PLUGIN_PATH.
     std::vector<std::filesystem::path> pluginPaths;
+    /// BACKPLANE_PLUGIN_PATH (directories or manifest files): searched first and, when non-empty,
+    /// replaces the default locations (the install dir and the build tree). No JSON key.
+    std::vector<std::filesystem::path> pluginPathOverride;
     /// plugins.enable: when non-empty, only these plugin names are loaded.
     std::vector<std::string> pluginEnable;
     /// plugins.disable: these plugin names are never loaded (applied after enable).
@@ -88,5 +91,13 @@ Config readConfigFile(const std::filesystem::path &file);
 /// Applies BACKPLANE_* environment overrides to `config`. Throws Error(Config) naming the
 /// variable on a bad value.
 void applyEnvironment(Config &config);
+
+/// Stable lower-case names: "interleave", "sequential"; "off", "minimal", "balanced"...
+const char *toString(SchedulerMode mode) noexcept;
+const char *toString(TuneLevel level) noexcept;
+
+/// Every setting of `config` as a JSON object using the file's keys (what `backplane config
+/// check` prints); plugin paths appear as given after resolution, cache.dir as effective.
+std::string toJson(const Config &config, int indent = 2);
 
 } // namespace backplane

@@ -1,12 +1,18 @@
-// Kernel blob cache: placeholder that caches nothing until the persistent store lands.
+// Kernel blob cache: the engine's compiled kernels, kept in the shared CacheStore (kernels/).
 #include "kernel_cache.hpp"
+
+#include <backplane/cache.hpp>
 
 namespace backplane::detail {
 
-std::optional<std::vector<unsigned char>> loadCachedKernel(const Config &, const std::string &) {
-    return std::nullopt;
+std::optional<std::vector<unsigned char>> loadCachedKernel(const Config &config,
+                                                           const std::string &key) {
+    return CacheStore::forConfig(config).load(CacheKind::Kernels, key);
 }
 
-void storeCachedKernel(const Config &, const std::string &, const std::vector<unsigned char> &) {}
+void storeCachedKernel(const Config &config, const std::string &key,
+                       const std::vector<unsigned char> &blob) {
+    CacheStore::forConfig(config).store(CacheKind::Kernels, key, std::span(blob));
+}
 
 } // namespace backplane::detail

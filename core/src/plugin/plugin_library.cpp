@@ -38,8 +38,10 @@ std::string loaderMessage(const std::system_error &e) {
     const std::string marker = "dlerror system message: ";
     const size_t at = what.find(marker);
     if (at == std::string::npos) return what;
+    // "...(dlerror system message: TEXT): Bad file descriptor": keep TEXT only.
     std::string text = what.substr(at + marker.size());
-    if (!text.empty() && text.back() == ')') text.pop_back();
+    if (const size_t end = text.rfind("): "); end != std::string::npos) text.resize(end);
+    else if (!text.empty() && text.back() == ')') text.pop_back();
     return text;
 }
 

@@ -18,6 +18,9 @@
  *   passed (which may be NULL). BP_SUCCESS is 0.
  * - Handles are opaque pointers owned by the plugin; the core releases each one exactly once with
  *   the matching release/destroy function, and never after the owning device is closed.
+ * - Enumerations inside argument structs arrive as plain integers from C callers: a plugin reads
+ *   them as integers and rejects unknown values with BP_ERROR_INVALID_ARGUMENT (never switch on an
+ *   out-of-range enum value).
  * - Thread safety: plugin-level and device-level functions may be called from any thread at any
  *   time. Functions that take a bp_stream are never called concurrently for the same stream (the
  *   core serialises per stream) but are called concurrently for different streams. Event
@@ -223,7 +226,8 @@ typedef struct bp_memory_allocate_args {
 
 /// Native objects a plugin can hand out for interop (bp_plugin_api::native_handle).
 typedef enum bp_native_kind {
-    BP_NATIVE_DEVICE = 0, ///< object: NULL. CUcontext, VkDevice, hipDevice_t...
+    BP_NATIVE_DEVICE = 0, ///< object: NULL. CUcontext, VkDevice, hipDevice_t, or the plugin's
+                          ///< own device object where there is no vendor handle
     BP_NATIVE_STREAM = 1, ///< object: bp_stream*. CUstream, VkQueue, hipStream_t...
     BP_NATIVE_MEMORY = 2, ///< object: bp_memory*. CUdeviceptr, VkBuffer, void*...
 } bp_native_kind;
@@ -394,8 +398,9 @@ typedef struct bp_plugin_api {
 
     /* storage ------------------------------------------------------------------------------- */
     /// Allocates one page. For PINNED_HOST and HOST_VISIBLE pages `*mapped` receives the host
-    /// address (valid until memory_free); for DEVICE pages it is set to NULL. Out of memory is
-    /// BP_ERROR_OUT_OF_MEMORY, never a crash.
+    /// address (valid until memory_free). For DEVICE pages it is NULL, unless the page is
+    /// directly host-addressable (a CPU plugin), in which case it may be that address. Out of
+    /// memory is BP_ERROR_OUT_OF_MEMORY, never a crash.
     bp_status (*memory_allocate)(bp_device *device, const bp_memory_allocate_args *args,
                                  bp_memory **out, void **mapped, bp_error *error);
     /// Frees a page. The core guarantees no pending work uses it.

@@ -1,0 +1,229 @@
+// ComputeClient: the thread-safe front of one opened device (memory, transfers, launches, streams).
+#pragma once
+
+#include <backplane/buffer.hpp>
+#include <backplane/device.hpp>
+#include <backplane/kernel.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace backplane {
+
+namespace detail {
+class ComputeServer;
+class PinnedBlock;
+} // namespace detail
+
+/// A logical stream. Work submitted on one stream runs in order; streams map onto the device's
+/// backend streams as `id % maxStreams`. Each thread has a current stream (a per-thread id by
+/// default); see ComputeClient::setStream and StreamGuard.
+using StreamId = uint64_t;
+
+/// How new allocations are served. Auto: pooled, pages released when unused. Persistent: exact
+/// pages kept for the client's lifetime (weights, long-lived buffers).
+enum class AllocationMode { Auto, Persistent };
+
+/// One memory pool's figures.
+struct PoolUsage {
+    std::string name;           ///< "sliced 32 MiB", "exclusive", "persistent"
+    uint32_t streamSlot = 0;    ///< pools are per backend stream slot
+    uint64_t pageBytes = 0;     ///< page size (0 for exclusive/persistent: sized per request)
+    uint64_t maxSliceBytes = 0; ///< largest request the pool serves
+    uint32_t pages = 0;
+    uint64_t bytesInUse = 0;    ///< requested bytes of live allocations
+    uint64_t bytesReserved = 0; ///< bytes of pages held from the plugin
+    uint64_t bytesPadding = 0;  ///< alignment padding of live allocations
+    uint64_t allocations = 0;   ///< live allocations
+};
+
+/// Memory usage of one device, summed over pools; `pools` lists the pools that hold pages.
+struct MemoryUsage {
+    uint64_t bytesInUse = 0;
+    uint64_t bytesReserved = 0;
+    uint64_t bytesPadding = 0;
+    uint64_t allocationCount = 0; ///< live allocations
+    uint32_t pageCount = 0;
+    std::vector<PoolUsage> pools;
+    /// One line per pool, human readable (used in out-of-memory messages).
+    std::string toString() const;
+};
+
+/// Counters of the engine since the client was opened (for tests, benchmarks and logs).
+struct EngineStats {
+    uint64_t eventsCreated = 0;     ///< all events flushed (reads, syncs, alignment, staging)
+    uint64_t alignmentEvents = 0;   ///< events created only because a buffer crossed streams
+    uint64_t streamWaits = 0;       ///< device-side waits between streams
+    uint64_t gcReleases = 0;        ///< cross-stream holds released by the GC thread
+    uint64_t pageAllocations = 0;   ///< pages requested from the plugin
+    uint64_t pageReleases = 0;      ///< pages returned to the plugin
+    uint64_t kernelsCompiled = 0;   ///< kernel_compile calls
+    uint64_t kernelCacheHits = 0;   ///< launches served by the in-memory kernel cache
+    uint64_t diskCacheHits = 0;     ///< kernels loaded from the on-disk cache
+    uint64_t schedulerFlushes = 0;  ///< task batches executed (scheduler streams only)
+    uint64_t outOfMemoryRetries = 0;///< allocations that succeeded after a cleanup
+};
+
+/// A profiling token: start/end pairs nest (LIFO).
+struct ProfileToken {
+    uint64_t id = 0;
+};
+
+/// The measured span of a profiling token.
+struct ProfileDuration {
+    uint64_t nanoseconds = 0;
+    bool deviceTimestamps = false; ///< true when measured with device timing events
+    double microseconds() const { return static_cast<double>(nanoseconds) / 1000.0; }
+};
+
+/// Result of an asynchronous read: the copy is ordered on the stream at read() time; wait()
+/// blocks until it completed and returns the bytes. Move-only; wait() may be called once.
+class ReadFuture {
+public:
+    ReadFuture() = default;
+    explicit ReadFuture(std::function<std::vector<std::byte>()> finish)
+        : finish_(std::move(finish)) {}
+    /// Blocks until the data arrived. Throws Error if the device failed.
+    std::vector<std::byte> wait() {
+        auto f = std::move(finish_);
+        finish_ = nullptr;
+        return f ? f() : std::vector<std::byte>{};
+    }
+
+private:
+    std::function<std::vector<std::byte>()> finish_;
+};
+
+/// Host memory pinned (page-locked) through the runtime: transfers from and to it go straight
+/// to the device without staging. Keep its contents unchanged after a write from it until a
+/// later read or sync on the same stream returned.
+class PinnedBuffer {
+public:
+    PinnedBuffer() = default;
+    void *data() const noexcept;
+    size_t size() const noexcept;
+
+private:
+    friend class detail::ComputeServer;
+    explicit PinnedBuffer(std::shared_ptr<detail::PinnedBlock> block) : block_(std::move(block)) {}
+    std::shared_ptr<detail::PinnedBlock> block_;
+};
+
+/// Native objects for interop (mirrors bp_native_kind).
+enum class NativeKind { Device, Stream, Memory };
+
+/// The application's handle to one opened device. Cheap to copy (shares one server), safe to
+/// use from any thread at once. Every operation runs on the calling thread's current stream.
+/// Errors: every function throws backplane::Error (OutOfMemory with the request size and the
+/// usage, Compile with the kernel name and compiler log, Launch, DeviceLost...); after an
+/// OutOfMemory the client stays usable.
+class ComputeClient {
+public:
+    /// The device this client drives.
+    const DeviceInfo &device() const;
+
+    // memory ------------------------------------------------------------------------------------
+    /// Allocates `size` bytes and copies `data` into them (stream-ordered).
+    Buffer create(const void *data, uint64_t size);
+    /// Allocates from a typed span.
+    template <class T> Buffer createFrom(std::span<const T> values) {
+        return create(values.data(), values.size_bytes());
+    }
+    /// Allocates `size` uninitialised bytes.
+    Buffer empty(uint64_t size);
+    /// Allocates a tensor. Optimized pads rows (the last dimension) to the pitch alignment and
+    /// returns the strides to use.
+    Tensor emptyTensor(std::span<const uint64_t> shape, uint64_t elementSize,
+                       TensorLayout layout = TensorLayout::Contiguous);
+    /// Sets how later allocations are served (see AllocationMode).
+    void setAllocationMode(AllocationMode mode);
+    /// Usage of every pool.
+    MemoryUsage memoryUsage() const;
+    /// Releases every page that holds no live allocation (waits for pending cross-stream frees).
+    void memoryCleanup();
+    /// Allocates page-locked host memory for direct transfers.
+    PinnedBuffer allocatePinned(size_t size);
+
+    // transfers ---------------------------------------------------------------------------------
+    /// Copies `size` bytes of host memory into `buffer` at `offset`. Pageable memory goes through
+    /// the pinned staging pipeline; the call returns once `data` may be reused.
+    void write(const Buffer &buffer, const void *data, uint64_t size, uint64_t offset = 0);
+    /// Copies from runtime-pinned memory, without staging.
+    void write(const Buffer &buffer, const PinnedBuffer &data, uint64_t size, uint64_t offset = 0);
+    /// Reads `size` bytes (all when UINT64_MAX) from `offset`, ordered on the current stream.
+    ReadFuture read(const Buffer &buffer, uint64_t offset = 0, uint64_t size = UINT64_MAX);
+    /// Reads into runtime-pinned memory, without staging; blocks until done.
+    void read(const Buffer &buffer, const PinnedBuffer &into, uint64_t size, uint64_t offset = 0);
+    /// Convenience: read() then wait(), as elements of T.
+    template <class T> std::vector<T> readAs(const Buffer &buffer) {
+        const std::vector<std::byte> bytes = read(buffer).wait();
+        std::vector<T> out(bytes.size() / sizeof(T));
+        std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+        return out;
+    }
+    /// Device-side copy of `size` bytes.
+    void copy(const Buffer &src, uint64_t srcOffset, const Buffer &dst, uint64_t dstOffset,
+              uint64_t size);
+    /// Fills `size` bytes from `offset` (multiples of 4) with a 4-byte pattern.
+    void fill(const Buffer &buffer, uint32_t pattern, uint64_t offset = 0,
+              uint64_t size = UINT64_MAX);
+
+    // kernels -----------------------------------------------------------------------------------
+    /// Compiles (or finds in the caches) the variant the device accepts and launches it.
+    void execute(const KernelSource &kernel, const Dispatch &dispatch);
+    /// Compiles and loads ahead of the first launch (optional).
+    void prepare(const KernelSource &kernel);
+
+    // streams -----------------------------------------------------------------------------------
+    /// Submits pending work of the current stream.
+    void flush();
+    /// Waits for all work of the current stream.
+    void sync();
+    /// Waits for all work of every stream of this device.
+    void syncAll();
+    /// The calling thread's current stream.
+    static StreamId currentStream();
+    /// Sets the calling thread's current stream (for every client).
+    static void setStream(StreamId id);
+
+    // profiling ---------------------------------------------------------------------------------
+    /// Starts a span on the current stream. Tokens nest: end them in reverse order.
+    ProfileToken profileStart();
+    /// Ends a span: waits for the stream and returns its duration (device timestamps where the
+    /// device has BP_CAPABILITY_TIMESTAMPS, else the host clock around stream syncs).
+    ProfileDuration profileEnd(ProfileToken token);
+
+    // introspection -----------------------------------------------------------------------------
+    EngineStats stats() const;
+    /// The vendor object behind the device, the current stream's backend stream, or a buffer's
+    /// memory page (uint64: pointer or handle). Throws Error(Unsupported) where the plugin has none.
+    uint64_t nativeHandle(NativeKind kind, const Buffer *buffer = nullptr) const;
+
+    /// For the core: wraps a server (detail::openComputeClient builds it).
+    explicit ComputeClient(std::shared_ptr<detail::ComputeServer> server);
+
+private:
+    std::shared_ptr<detail::ComputeServer> server_;
+};
+
+/// Makes `id` the calling thread's current stream for its scope, then restores the previous one.
+class StreamGuard {
+public:
+    explicit StreamGuard(StreamId id) : previous_(ComputeClient::currentStream()) {
+        ComputeClient::setStream(id);
+    }
+    ~StreamGuard() { ComputeClient::setStream(previous_); }
+    StreamGuard(const StreamGuard &) = delete;
+    StreamGuard &operator=(const StreamGuard &) = delete;
+
+private:
+    StreamId previous_;
+};
+
+} // namespace backplane

@@ -1,0 +1,96 @@
+// KernelSource: a kernel described by name and one or more dialect variants; Dispatch: one launch.
+#pragma once
+
+#include <backplane/abi/plugin.h>
+#include <backplane/buffer.hpp>
+#include <backplane/device.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace backplane {
+
+/// One way of writing a kernel, for one dialect. The core hands each device the first variant
+/// whose dialect the device accepts (DeviceInfo::dialects), so list variants in preference order.
+/// The descriptor stays open: a future portable dialect is one more variant kind.
+struct KernelVariant {
+    Dialect dialect = Dialect::Host;
+    /// Function name in the source ("main" for GLSL, the extern "C" name for CUDA/HIP).
+    std::string entryPoint;
+    /// Source text (CUDA, HIP, GLSL) or binary bytes (SPIR-V); empty for Host.
+    std::string source;
+    /// The native function of a Host variant (called once per workgroup); null otherwise.
+    bp_host_kernel_fn hostFunction = nullptr;
+    /// Compiler options ("-DTILE=16"); part of the cache key.
+    std::vector<std::string> options;
+
+    /// A text variant (CUDA, HIP, GLSL).
+    static KernelVariant text(Dialect dialect, std::string entryPoint, std::string source,
+                              std::vector<std::string> options = {}) {
+        KernelVariant v;
+        v.dialect = dialect;
+        v.entryPoint = std::move(entryPoint);
+        v.source = std::move(source);
+        v.options = std::move(options);
+        return v;
+    }
+    /// A binary variant (SPIR-V words as bytes).
+    static KernelVariant binary(Dialect dialect, std::string entryPoint, const void *data,
+                                size_t size) {
+        KernelVariant v;
+        v.dialect = dialect;
+        v.entryPoint = std::move(entryPoint);
+        v.source.assign(static_cast<const char *>(data), size);
+        return v;
+    }
+    /// A Host variant: `function` is called once per workgroup, maybe concurrently.
+    static KernelVariant host(bp_host_kernel_fn function, std::string entryPoint = "host") {
+        KernelVariant v;
+        v.dialect = Dialect::Host;
+        v.entryPoint = std::move(entryPoint);
+        v.hostFunction = function;
+        return v;
+    }
+};
+
+/// A kernel: a name (used in errors, logs and cache keys) and its variants. Plain value; the
+/// server caches compiled kernels by a hash of the chosen variant, so a KernelSource may be
+/// rebuilt per call at no compile cost.
+struct KernelSource {
+    std::string name;
+    std::vector<KernelVariant> variants;
+};
+
+/// One launch. Bindings are passed in order; scalars are packed like a C struct with natural
+/// alignment (see docs/kernels.md for how each dialect receives them).
+struct Dispatch {
+    /// Workgroups per dimension (ignored when gridBuffer is set).
+    std::array<uint32_t, 3> grid{1, 1, 1};
+    /// Optional indirect grid: three uint32 read at execution time from gridBuffer + gridOffset
+    /// (needs BP_CAPABILITY_INDIRECT_DISPATCH).
+    Buffer gridBuffer;
+    uint64_t gridOffset = 0;
+    /// Threads per workgroup.
+    std::array<uint32_t, 3> block{1, 1, 1};
+    /// Buffers in binding order; each binds its whole slice.
+    std::vector<Buffer> bindings;
+    /// Packed scalar bytes; use scalar() to append.
+    std::vector<std::byte> scalars;
+    /// Dynamic shared memory per workgroup.
+    uint32_t sharedMemoryBytes = 0;
+
+    /// Appends one trivially copyable scalar at its natural alignment; returns *this.
+    template <class T> Dispatch &scalar(const T &value) {
+        static_assert(std::is_trivially_copyable_v<T>);
+        size_t at = (scalars.size() + alignof(T) - 1) / alignof(T) * alignof(T);
+        scalars.resize(at + sizeof(T));
+        std::memcpy(scalars.data() + at, &value, sizeof(T));
+        return *this;
+    }
+};
+
+} // namespace backplane

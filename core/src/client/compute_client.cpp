@@ -1,0 +1,119 @@
+// ComputeClient: forwards to the device's server with the calling thread's current stream.
+#include "client/open_client.hpp"
+
+#include "server/compute_server.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <optional>
+
+namespace backplane {
+namespace {
+
+std::atomic<StreamId> nextThreadStream{0};
+thread_local std::optional<StreamId> threadStream;
+
+std::string bytesText(uint64_t bytes) {
+    char text[64];
+    if (bytes >= (1ull << 20))
+        std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+    else
+        std::snprintf(text, sizeof(text), "%llu B", static_cast<unsigned long long>(bytes));
+    return text;
+}
+
+} // namespace
+
+uint64_t Buffer::size() const noexcept { return slice_ ? slice_->size : 0; }
+
+void *PinnedBuffer::data() const noexcept { return block_ ? block_->data() : nullptr; }
+size_t PinnedBuffer::size() const noexcept { return block_ ? block_->size() : 0; }
+
+std::string MemoryUsage::toString() const {
+    std::string out = "in use " + bytesText(bytesInUse) + ", reserved " + bytesText(bytesReserved) +
+                      ", padding " + bytesText(bytesPadding) + ", " +
+                      std::to_string(allocationCount) + " allocation(s), " +
+                      std::to_string(pageCount) + " page(s)";
+    for (const PoolUsage &p : pools)
+        out += "; [slot " + std::to_string(p.streamSlot) + " " + p.name + ": " +
+               std::to_string(p.pages) + " page(s), " + bytesText(p.bytesReserved) +
+               " reserved, " + bytesText(p.bytesInUse) + " in use]";
+    return out;
+}
+
+StreamId ComputeClient::currentStream() {
+    if (!threadStream) threadStream = nextThreadStream.fetch_add(1);
+    return *threadStream;
+}
+
+void ComputeClient::setStream(StreamId id) { threadStream = id; }
+
+ComputeClient::ComputeClient(std::shared_ptr<detail::ComputeServer> server)
+    : server_(std::move(server)) {}
+
+const DeviceInfo &ComputeClient::device() const { return server_->info(); }
+
+Buffer ComputeClient::create(const void *data, uint64_t size) {
+    return server_->create(currentStream(), data, size);
+}
+Buffer ComputeClient::empty(uint64_t size) { return server_->empty(currentStream(), size); }
+Tensor ComputeClient::emptyTensor(std::span<const uint64_t> shape, uint64_t elementSize,
+                                  TensorLayout layout) {
+    return server_->emptyTensor(currentStream(), shape, elementSize, layout);
+}
+void ComputeClient::setAllocationMode(AllocationMode mode) { server_->setAllocationMode(mode); }
+MemoryUsage ComputeClient::memoryUsage() const { return server_->memoryUsage(); }
+void ComputeClient::memoryCleanup() { server_->memoryCleanup(); }
+PinnedBuffer ComputeClient::allocatePinned(size_t size) { return server_->allocatePinned(size); }
+
+void ComputeClient::write(const Buffer &buffer, const void *data, uint64_t size, uint64_t offset) {
+    server_->write(currentStream(), buffer, data, size, offset);
+}
+void ComputeClient::write(const Buffer &buffer, const PinnedBuffer &data, uint64_t size,
+                          uint64_t offset) {
+    server_->write(currentStream(), buffer, data, size, offset);
+}
+ReadFuture ComputeClient::read(const Buffer &buffer, uint64_t offset, uint64_t size) {
+    return server_->read(currentStream(), buffer, offset, size);
+}
+void ComputeClient::read(const Buffer &buffer, const PinnedBuffer &into, uint64_t size,
+                         uint64_t offset) {
+    server_->read(currentStream(), buffer, into, size, offset);
+}
+void ComputeClient::copy(const Buffer &src, uint64_t srcOffset, const Buffer &dst,
+                         uint64_t dstOffset, uint64_t size) {
+    server_->copy(currentStream(), src, srcOffset, dst, dstOffset, size);
+}
+void ComputeClient::fill(const Buffer &buffer, uint32_t pattern, uint64_t offset, uint64_t size) {
+    server_->fill(currentStream(), buffer, pattern, offset, size);
+}
+
+void ComputeClient::execute(const KernelSource &kernel, const Dispatch &dispatch) {
+    server_->execute(currentStream(), kernel, dispatch);
+}
+void ComputeClient::prepare(const KernelSource &kernel) { server_->prepare(kernel); }
+
+void ComputeClient::flush() { server_->flush(currentStream()); }
+void ComputeClient::sync() { server_->sync(currentStream()); }
+void ComputeClient::syncAll() { server_->syncAll(); }
+
+ProfileToken ComputeClient::profileStart() { return server_->profileStart(currentStream()); }
+ProfileDuration ComputeClient::profileEnd(ProfileToken token) {
+    return server_->profileEnd(currentStream(), token);
+}
+
+EngineStats ComputeClient::stats() const { return server_->stats(); }
+uint64_t ComputeClient::nativeHandle(NativeKind kind, const Buffer *buffer) const {
+    return server_->nativeHandle(currentStream(), kind, buffer);
+}
+
+namespace detail {
+
+ComputeClient openComputeClient(std::shared_ptr<PluginLibrary> plugin, const DeviceInfo &info,
+                                const Config &config) {
+    std::shared_ptr<Driver> driver = Driver::open(std::move(plugin), info);
+    return ComputeClient(std::make_shared<ComputeServer>(std::move(driver), config));
+}
+
+} // namespace detail
+} // namespace backplane

@@ -1,0 +1,375 @@
+// Reading the JSON config file, the environment overrides, and printing the effective settings.
+#include <backplane/cache.hpp>
+#include <backplane/config.hpp>
+#include <backplane/error.hpp>
+#include <backplane/log.hpp>
+
+#include "runtime/device_selector.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdlib>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+
+namespace backplane {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr std::array<const char *, 5> kTuneLevelNames = {"off", "minimal", "balanced",
+                                                         "extensive", "full"};
+
+std::optional<TuneLevel> parseTuneLevel(const std::string &text) {
+    for (size_t i = 0; i < kTuneLevelNames.size(); ++i)
+        if (text == kTuneLevelNames[i]) return static_cast<TuneLevel>(i);
+    return std::nullopt;
+}
+
+std::optional<SchedulerMode> parseScheduler(const std::string &text) {
+    if (text == "interleave") return SchedulerMode::Interleave;
+    if (text == "sequential") return SchedulerMode::Sequential;
+    return std::nullopt;
+}
+
+/// Checks a log spec without leaving it applied: log::configure is the only parser, so apply it
+/// and restore the previous thresholds (configure may have changed some before failing).
+void validateLogSpec(const std::string &spec) {
+    std::array<log::Level, log::kSubsystemCount> saved{};
+    for (int i = 0; i < log::kSubsystemCount; ++i)
+        saved[i] = log::level(static_cast<log::Subsystem>(i));
+    const auto restore = [&] {
+        for (int i = 0; i < log::kSubsystemCount; ++i)
+            log::setLevel(static_cast<log::Subsystem>(i), saved[i]);
+    };
+    try {
+        log::configure(spec);
+    } catch (...) {
+        restore();
+        throw;
+    }
+    restore();
+}
+
+/// Walks one parsed file; every error names the file and the JSON pointer of the bad value.
+class FileReader {
+public:
+    explicit FileReader(fs::path file) : file_(std::move(file)), dir_(file_.parent_path()) {}
+
+    [[noreturn]] void fail(const std::string &pointer, const std::string &what) const {
+        throw Error(ErrorCode::Config, file_.string() + ": " + (pointer.empty() ? "/" : pointer) +
+                                           ": " + what);
+    }
+
+    [[noreturn]] void wrongType(const Json &value, const std::string &pointer,
+                                const std::string &expected) const {
+        fail(pointer, "expected " + expected + ", got " + value.type_name());
+    }
+
+    /// Fails on any key of `object` not in `known`, listing the known ones.
+    void checkKeys(const Json &object, const std::string &pointer,
+                   std::initializer_list<const char *> known) const {
+        for (const auto &[key, value] : object.items()) {
+            bool found = false;
+            for (const char *k : known) found = found || key == k;
+            if (found) continue;
+            std::string list;
+            for (const char *k : known) list += std::string(list.empty() ? "" : ", ") + k;
+            fail(pointer + "/" + key, "unknown key '" + key + "' (known keys here: " + list + ")");
+        }
+    }
+
+    const Json &object(const Json &value, const std::string &pointer) const {
+        if (!value.is_object()) wrongType(value, pointer, "an object");
+        return value;
+    }
+
+    std::string string(const Json &value, const std::string &pointer) const {
+        if (!value.is_string()) wrongType(value, pointer, "a string");
+        return value.get<std::string>();
+    }
+
+    bool boolean(const Json &value, const std::string &pointer) const {
+        if (!value.is_boolean()) wrongType(value, pointer, "a boolean");
+        return value.get<bool>();
+    }
+
+    uint64_t unsignedInt(const Json &value, const std::string &pointer, uint64_t min,
+                         uint64_t max) const {
+        if (!value.is_number_integer()) wrongType(value, pointer, "an integer");
+        if (value.is_number_unsigned()) {
+            const uint64_t v = value.get<uint64_t>();
+            if (v >= min && v <= max) return v;
+        }
+        fail(pointer, "expected an integer in [" + std::to_string(min) + ", " +
+                          std::to_string(max) + "], got " + value.dump());
+    }
+
+    std::vector<std::string> strings(const Json &value, const std::string &pointer) const {
+        if (!value.is_array()) wrongType(value, pointer, "an array of strings");
+        std::vector<std::string> out;
+        for (size_t i = 0; i < value.size(); ++i)
+            out.push_back(string(value[i], pointer + "/" + std::to_string(i)));
+        return out;
+    }
+
+    /// A path from the file: relative ones are relative to the file's directory.
+    fs::path path(const Json &value, const std::string &pointer) const {
+        const fs::path p = string(value, pointer);
+        if (p.empty()) fail(pointer, "expected a path, got an empty string");
+        return p.is_absolute() ? p : (dir_ / p).lexically_normal();
+    }
+
+    Config read(const Json &root) const {
+        Config c;
+        c.source = file_;
+        object(root, "");
+        checkKeys(root, "", {"devices", "plugins", "streams", "memory", "cache", "autotune", "log"});
+        if (root.contains("devices")) readDevices(object(root["devices"], "/devices"), c);
+        if (root.contains("plugins")) readPlugins(object(root["plugins"], "/plugins"), c);
+        if (root.contains("streams")) readStreams(object(root["streams"], "/streams"), c);
+        if (root.contains("memory")) {
+            const Json &m = object(root["memory"], "/memory");
+            checkKeys(m, "/memory", {"staging_chunk_bytes", "max_page_bytes"});
+            if (m.contains("staging_chunk_bytes"))
+                c.stagingChunkBytes = unsignedInt(m["staging_chunk_bytes"],
+                                                  "/memory/staging_chunk_bytes", 4096,
+                                                  std::numeric_limits<uint64_t>::max());
+            if (m.contains("max_page_bytes"))
+                c.maxPageBytes = unsignedInt(m["max_page_bytes"], "/memory/max_page_bytes", 0,
+                                             std::numeric_limits<uint64_t>::max());
+        }
+        if (root.contains("cache")) {
+            const Json &m = object(root["cache"], "/cache");
+            checkKeys(m, "/cache", {"dir", "enabled"});
+            if (m.contains("dir")) c.cacheDir = path(m["dir"], "/cache/dir");
+            if (m.contains("enabled")) c.cacheEnabled = boolean(m["enabled"], "/cache/enabled");
+        }
+        if (root.contains("autotune")) {
+            const Json &m = object(root["autotune"], "/autotune");
+            checkKeys(m, "/autotune", {"level"});
+            if (m.contains("level")) {
+                const std::string text = string(m["level"], "/autotune/level");
+                const auto level = parseTuneLevel(text);
+                if (!level)
+                    fail("/autotune/level", "unknown level '" + text +
+                                                "' (use off, minimal, balanced, extensive or full)");
+                c.tuneLevel = *level;
+            }
+        }
+        if (root.contains("log")) {
+            c.logSpec = string(root["log"], "/log");
+            try {
+                validateLogSpec(c.logSpec);
+            } catch (const Error &e) {
+                fail("/log", e.what());
+            }
+        }
+        return c;
+    }
+
+private:
+    void readDevices(const Json &d, Config &c) const {
+        checkKeys(d, "/devices", {"prefer", "required", "backend_priority"});
+        if (d.contains("prefer")) {
+            c.devicePreference = strings(d["prefer"], "/devices/prefer");
+            for (size_t i = 0; i < c.devicePreference.size(); ++i) {
+                try {
+                    detail::parseSelector(c.devicePreference[i]);
+                } catch (const Error &e) {
+                    fail("/devices/prefer/" + std::to_string(i), e.what());
+                }
+            }
+        }
+        if (d.contains("required")) c.deviceRequired = boolean(d["required"], "/devices/required");
+        if (d.contains("backend_priority"))
+            c.backendPriority = strings(d["backend_priority"], "/devices/backend_priority");
+    }
+
+    void readPlugins(const Json &p, Config &c) const {
+        checkKeys(p, "/plugins", {"paths", "enable", "disable", "options"});
+        if (p.contains("paths")) {
+            const Json &paths = p["paths"];
+            if (!paths.is_array()) wrongType(paths, "/plugins/paths", "an array of strings");
+            for (size_t i = 0; i < paths.size(); ++i)
+                c.pluginPaths.push_back(path(paths[i], "/plugins/paths/" + std::to_string(i)));
+        }
+        if (p.contains("enable")) c.pluginEnable = strings(p["enable"], "/plugins/enable");
+        if (p.contains("disable")) c.pluginDisable = strings(p["disable"], "/plugins/disable");
+        if (p.contains("options")) {
+            const Json &options = object(p["options"], "/plugins/options");
+            for (const auto &[name, value] : options.items())
+                c.pluginOptions[name] = object(value, "/plugins/options/" + name).dump();
+        }
+    }
+
+    void readStreams(const Json &s, Config &c) const {
+        checkKeys(s, "/streams", {"max_streams", "scheduler", "max_tasks"});
+        if (s.contains("max_streams"))
+            c.maxStreams = static_cast<uint32_t>(
+                unsignedInt(s["max_streams"], "/streams/max_streams", 1, 65536));
+        if (s.contains("scheduler")) {
+            const std::string text = string(s["scheduler"], "/streams/scheduler");
+            const auto mode = parseScheduler(text);
+            if (!mode)
+                fail("/streams/scheduler",
+                     "unknown scheduler '" + text + "' (use interleave or sequential)");
+            c.schedulerMode = *mode;
+        }
+        if (s.contains("max_tasks"))
+            c.schedulerMaxTasks = static_cast<uint32_t>(
+                unsignedInt(s["max_tasks"], "/streams/max_tasks", 1, 1u << 20));
+    }
+
+    fs::path file_;
+    fs::path dir_;
+};
+
+std::optional<std::string> environment(const char *name) {
+    const char *value = std::getenv(name);
+    if (value == nullptr || *value == '\0') return std::nullopt;
+    return std::string(value);
+}
+
+std::vector<std::string> split(const std::string &text, char separator) {
+    std::vector<std::string> out;
+    std::string item;
+    std::istringstream in(text);
+    while (std::getline(in, item, separator)) {
+        const size_t first = item.find_first_not_of(" \t");
+        const size_t last = item.find_last_not_of(" \t");
+        if (first != std::string::npos) out.push_back(item.substr(first, last - first + 1));
+    }
+    return out;
+}
+
+} // namespace
+
+const char *toString(SchedulerMode mode) noexcept {
+    return mode == SchedulerMode::Sequential ? "sequential" : "interleave";
+}
+
+const char *toString(TuneLevel level) noexcept {
+    return kTuneLevelNames[static_cast<size_t>(level)];
+}
+
+Config readConfigFile(const fs::path &file) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in)
+        throw Error(ErrorCode::Config, file.string() + ": cannot open the config file (" +
+                                           (fs::exists(file) ? "permission denied?" : "no such file") +
+                                           ")");
+    Json root;
+    try {
+        root = Json::parse(in, nullptr, true, /*ignore_comments=*/false);
+    } catch (const Json::parse_error &e) {
+        throw Error(ErrorCode::Config, file.string() + ": not valid JSON: " + e.what());
+    }
+    return FileReader(file).read(root);
+}
+
+void applyEnvironment(Config &config) {
+    if (const auto value = environment("BACKPLANE_DEVICE")) {
+        std::vector<std::string> selectors = split(*value, ',');
+        for (const auto &s : selectors) {
+            try {
+                detail::parseSelector(s);
+            } catch (const Error &e) {
+                throw Error(ErrorCode::Config, std::string("BACKPLANE_DEVICE: ") + e.what());
+            }
+        }
+        config.devicePreference = std::move(selectors);
+    }
+    if (const auto value = environment("BACKPLANE_PLUGIN_PATH")) {
+        config.pluginPathOverride.clear();
+        for (const auto &p : split(*value, ':')) config.pluginPathOverride.emplace_back(p);
+    }
+    if (const auto value = environment("BACKPLANE_CACHE_DIR")) config.cacheDir = *value;
+    if (const auto value = environment("BACKPLANE_AUTOTUNE")) {
+        const auto level = parseTuneLevel(*value);
+        if (!level)
+            throw Error(ErrorCode::Config, "BACKPLANE_AUTOTUNE: unknown level '" + *value +
+                                               "' (use off, minimal, balanced, extensive or full)");
+        config.tuneLevel = *level;
+    }
+    if (const auto value = environment("BACKPLANE_MAX_STREAMS")) {
+        char *end = nullptr;
+        const unsigned long long n = std::strtoull(value->c_str(), &end, 10);
+        if (end == value->c_str() || *end != '\0' || n < 1 || n > 65536 || (*value)[0] == '-')
+            throw Error(ErrorCode::Config, "BACKPLANE_MAX_STREAMS: expected an integer in [1, "
+                                           "65536], got '" + *value + "'");
+        config.maxStreams = static_cast<uint32_t>(n);
+    }
+    if (const auto value = environment("BACKPLANE_LOG")) {
+        try {
+            validateLogSpec(*value);
+        } catch (const Error &e) {
+            throw Error(ErrorCode::Config, std::string("BACKPLANE_LOG: ") + e.what());
+        }
+        config.logSpec = *value;
+    }
+}
+
+Config loadConfig() {
+    std::optional<fs::path> file;
+    if (const auto value = environment("BACKPLANE_CONFIG")) {
+        if (!fs::exists(*value))
+            throw Error(ErrorCode::Config, "BACKPLANE_CONFIG names " + *value +
+                                               ", which does not exist; fix or unset it");
+        file = *value;
+    } else if (fs::exists("backplane.json")) {
+        file = "backplane.json";
+    } else {
+        fs::path dir;
+        if (const auto xdg = environment("XDG_CONFIG_HOME")) dir = *xdg;
+        else if (const auto home = environment("HOME")) dir = fs::path(*home) / ".config";
+        if (!dir.empty() && fs::exists(dir / "backplane" / "config.json"))
+            file = dir / "backplane" / "config.json";
+    }
+    Config config = file ? readConfigFile(*file) : Config{};
+    log::write(log::Subsystem::Config, log::Level::Debug,
+               file ? "config file: " + file->string() : "no config file; using defaults");
+    applyEnvironment(config);
+    return config;
+}
+
+std::string toJson(const Config &config, int indent) {
+    const auto paths = [](const std::vector<fs::path> &list) {
+        Json out = Json::array();
+        for (const auto &p : list) out.push_back(p.string());
+        return out;
+    };
+    Json options = Json::object();
+    for (const auto &[name, text] : config.pluginOptions) options[name] = Json::parse(text);
+    Json root = {
+        {"source", config.source.empty() ? Json(nullptr) : Json(config.source.string())},
+        {"devices",
+         {{"prefer", config.devicePreference},
+          {"required", config.deviceRequired},
+          {"backend_priority", config.backendPriority}}},
+        {"plugins",
+         {{"paths", paths(config.pluginPaths)},
+          {"path_override", paths(config.pluginPathOverride)},
+          {"enable", config.pluginEnable},
+          {"disable", config.pluginDisable},
+          {"options", options}}},
+        {"streams",
+         {{"max_streams", config.maxStreams},
+          {"scheduler", toString(config.schedulerMode)},
+          {"max_tasks", config.schedulerMaxTasks}}},
+        {"memory",
+         {{"staging_chunk_bytes", config.stagingChunkBytes},
+          {"max_page_bytes", config.maxPageBytes}}},
+        {"cache",
+         {{"dir", cacheDirectory(config).string()}, {"enabled", config.cacheEnabled}}},
+        {"autotune", {{"level", toString(config.tuneLevel)}}},
+        {"log", config.logSpec},
+    };
+    return root.dump(indent);
+}
+
+} // namespace backplane

@@ -1,0 +1,63 @@
+// Reading plugin manifests.
+#include "plugin_manifest.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+namespace backplane::detail {
+namespace {
+
+using Json = nlohmann::json;
+
+[[noreturn]] void fail(const std::filesystem::path &file, const std::string &pointer,
+                       const std::string &what) {
+    throw ManifestError(file.string() + ": " + pointer + ": " + what);
+}
+
+std::string requiredString(const Json &root, const std::filesystem::path &file, const char *key,
+                           bool allowEmpty) {
+    const std::string pointer = std::string("/") + key;
+    if (!root.contains(key)) fail(file, pointer, "missing (a manifest needs name, library, "
+                                                 "abi_version, backend, description)");
+    const Json &value = root[key];
+    if (!value.is_string())
+        fail(file, pointer, std::string("expected a string, got ") + value.type_name());
+    std::string text = value.get<std::string>();
+    if (!allowEmpty && text.empty()) fail(file, pointer, "must not be empty");
+    return text;
+}
+
+} // namespace
+
+PluginManifest readManifest(const std::filesystem::path &file) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw ManifestError(file.string() + ": cannot read the manifest");
+    Json root;
+    try {
+        root = Json::parse(in);
+    } catch (const Json::parse_error &e) {
+        throw ManifestError(file.string() + ": not valid JSON: " + e.what());
+    }
+    if (!root.is_object())
+        fail(file, "/", std::string("expected an object, got ") + root.type_name());
+
+    PluginManifest m;
+    m.file = file;
+    m.name = requiredString(root, file, "name", false);
+    const std::filesystem::path library = requiredString(root, file, "library", false);
+    m.library = library.is_absolute() ? library : (file.parent_path() / library).lexically_normal();
+    const std::string abi = requiredString(root, file, "abi_version", false);
+    unsigned major = 0, minor = 0;
+    char extra = 0;
+    if (std::sscanf(abi.c_str(), "%u.%u%c", &major, &minor, &extra) != 2)
+        fail(file, "/abi_version", "expected \"MAJOR.MINOR\" (e.g. \"1.0\"), got \"" + abi + "\"");
+    m.abiMajor = major;
+    m.abiMinor = minor;
+    m.backend = requiredString(root, file, "backend", false);
+    m.description = requiredString(root, file, "description", true);
+    return m;
+}
+
+} // namespace backplane::detail

@@ -1,0 +1,237 @@
+// Driver: status checks and handle ownership over one opened device of a plugin.
+#include "server/driver.hpp"
+
+#include <backplane/log.hpp>
+
+namespace backplane::detail {
+
+void releaseMemory(Driver &driver, bp_memory *memory) {
+    driver.api().memory_free(driver.device(), memory);
+}
+void releaseStream(Driver &driver, bp_stream *stream) {
+    driver.api().stream_destroy(driver.device(), stream);
+}
+void releaseEvent(Driver &driver, bp_event *event) {
+    driver.api().event_release(driver.device(), event);
+}
+void releaseKernel(Driver &driver, bp_kernel *kernel) {
+    driver.api().kernel_release(driver.device(), kernel);
+}
+
+namespace {
+
+void appendToString(void *user, const void *data, size_t size) {
+    static_cast<std::string *>(user)->append(static_cast<const char *>(data), size);
+}
+void appendToBytes(void *user, const void *data, size_t size) {
+    auto *out = static_cast<std::vector<unsigned char> *>(user);
+    const auto *bytes = static_cast<const unsigned char *>(data);
+    out->insert(out->end(), bytes, bytes + size);
+}
+
+} // namespace
+
+std::shared_ptr<Driver> Driver::open(std::shared_ptr<PluginLibrary> plugin,
+                                     const DeviceInfo &info) {
+    const bp_plugin_api &api = plugin->api();
+    if (api.device_open == nullptr || api.device_close == nullptr)
+        throw Error(ErrorCode::Unsupported,
+                    plugin->name() + " plugin cannot open devices (no device_open in its table)",
+                    plugin->name());
+    std::shared_ptr<Driver> driver(new Driver());
+    driver->plugin_ = std::move(plugin);
+    driver->info_ = info;
+    bp_device_open_args args{};
+    args.struct_size = sizeof(args);
+    bp_error error = makeError();
+    const bp_status status =
+        api.device_open(driver->plugin_->instance(), info.index, &args, &driver->device_, &error);
+    if (status != BP_SUCCESS) {
+        driver->device_ = nullptr;
+        driver->fail(status, error, "device_open(" + info.id() + ")");
+    }
+    log::write(log::Subsystem::Memory, log::Level::Debug, "opened " + info.id() + " " + info.name);
+    return driver;
+}
+
+Driver::~Driver() {
+    if (device_ != nullptr) plugin_->api().device_close(device_);
+}
+
+void Driver::fail(bp_status status, const bp_error &error, const std::string &what) const {
+    throwStatus(status, error, plugin_->name(), plugin_->name() + " " + what);
+}
+
+MemoryPage Driver::allocate(bp_memory_kind kind, uint64_t size) {
+    bp_memory_allocate_args args{};
+    args.struct_size = sizeof(args);
+    args.kind = kind;
+    args.size = size;
+    bp_memory *memory = nullptr;
+    void *mapped = nullptr;
+    bp_error error = makeError();
+    const bp_status status = api().memory_allocate(device_, &args, &memory, &mapped, &error);
+    if (status != BP_SUCCESS)
+        fail(status, error, "memory_allocate(" + std::to_string(size) + " bytes) on " + info_.id());
+    MemoryPage page;
+    page.memory = {shared_from_this(), memory};
+    page.mapped = mapped;
+    page.size = size;
+    page.kind = kind;
+    return page;
+}
+
+StreamOwner Driver::createStream() {
+    bp_stream_create_args args{};
+    args.struct_size = sizeof(args);
+    bp_stream *stream = nullptr;
+    bp_error error = makeError();
+    const bp_status status = api().stream_create(device_, &args, &stream, &error);
+    if (status != BP_SUCCESS) fail(status, error, "stream_create on " + info_.id());
+    return {shared_from_this(), stream};
+}
+
+EventOwner Driver::flush(bp_stream *stream, bool wantEvent, bool timing) {
+    bp_flush_args args{};
+    args.struct_size = sizeof(args);
+    args.flags = timing ? static_cast<uint32_t>(BP_FLUSH_TIMING_EVENT) : 0u;
+    bp_event *event = nullptr;
+    bp_error error = makeError();
+    const bp_status status =
+        api().stream_flush(device_, stream, &args, wantEvent ? &event : nullptr, &error);
+    if (status != BP_SUCCESS) fail(status, error, "stream_flush on " + info_.id());
+    if (!wantEvent) return {};
+    return {shared_from_this(), event};
+}
+
+void Driver::waitEvent(bp_stream *stream, bp_event *event) {
+    bp_error error = makeError();
+    const bp_status status = api().stream_wait_event(device_, stream, event, &error);
+    if (status != BP_SUCCESS) fail(status, error, "stream_wait_event on " + info_.id());
+}
+
+void Driver::eventWait(bp_event *event) {
+    bp_error error = makeError();
+    const bp_status status = api().event_wait(device_, event, UINT64_MAX, &error);
+    if (status != BP_SUCCESS) fail(status, error, "event_wait on " + info_.id());
+}
+
+bool Driver::eventQuery(bp_event *event) {
+    bp_error error = makeError();
+    const bp_status status = api().event_query(device_, event, &error);
+    if (status == BP_ERROR_NOT_READY) return false;
+    if (status != BP_SUCCESS) fail(status, error, "event_query on " + info_.id());
+    return true;
+}
+
+uint64_t Driver::elapsedNs(bp_event *start, bp_event *end) {
+    if (!plugin_->has(&bp_plugin_api::event_elapsed_ns))
+        throw Error(ErrorCode::Unsupported, plugin_->name() + " has no event_elapsed_ns",
+                    plugin_->name());
+    uint64_t out = 0;
+    bp_error error = makeError();
+    const bp_status status = api().event_elapsed_ns(device_, start, end, &out, &error);
+    if (status != BP_SUCCESS) fail(status, error, "event_elapsed_ns on " + info_.id());
+    return out;
+}
+
+void Driver::copyHostToDevice(bp_stream *stream, const void *src, bp_memory *dst,
+                              uint64_t dstOffset, uint64_t size) {
+    bp_copy_host_to_device_args args{sizeof(args), src, dst, dstOffset, size};
+    bp_error error = makeError();
+    const bp_status status = api().copy_host_to_device(device_, stream, &args, &error);
+    if (status != BP_SUCCESS) fail(status, error, "copy_host_to_device on " + info_.id());
+}
+
+void Driver::copyDeviceToHost(bp_stream *stream, bp_memory *src, uint64_t srcOffset, void *dst,
+                              uint64_t size) {
+    bp_copy_device_to_host_args args{sizeof(args), src, srcOffset, dst, size};
+    bp_error error = makeError();
+    const bp_status status = api().copy_device_to_host(device_, stream, &args, &error);
+    if (status != BP_SUCCESS) fail(status, error, "copy_device_to_host on " + info_.id());
+}
+
+void Driver::copyDeviceToDevice(bp_stream *stream, bp_memory *src, uint64_t srcOffset,
+                                bp_memory *dst, uint64_t dstOffset, uint64_t size) {
+    bp_copy_device_to_device_args args{sizeof(args), src, srcOffset, dst, dstOffset, size};
+    bp_error error = makeError();
+    const bp_status status = api().copy_device_to_device(device_, stream, &args, &error);
+    if (status != BP_SUCCESS) fail(status, error, "copy_device_to_device on " + info_.id());
+}
+
+void Driver::fill(bp_stream *stream, bp_memory *dst, uint64_t offset, uint64_t size,
+                  uint32_t pattern) {
+    bp_fill_args args{sizeof(args), dst, offset, size, pattern};
+    bp_error error = makeError();
+    const bp_status status = api().fill(device_, stream, &args, &error);
+    if (status != BP_SUCCESS) fail(status, error, "fill on " + info_.id());
+}
+
+CompiledKernel Driver::compile(const std::string &kernelName, bp_dialect dialect,
+                               const std::string &entryPoint, const void *source,
+                               size_t sourceSize, const std::vector<std::string> &options) {
+    CompiledKernel out;
+    std::vector<const char *> optionPointers;
+    for (const std::string &o : options) optionPointers.push_back(o.c_str());
+    bp_kernel_compile_args args{};
+    args.struct_size = sizeof(args);
+    args.dialect = dialect;
+    args.entry_point = entryPoint.c_str();
+    args.source = source;
+    args.source_size = sourceSize;
+    args.options = optionPointers.empty() ? nullptr : optionPointers.data();
+    args.option_count = static_cast<uint32_t>(optionPointers.size());
+    args.binary = {&out.binary, &appendToBytes};
+    args.log = {&out.log, &appendToString};
+    bp_error error = makeError();
+    const bp_status status = api().kernel_compile(device_, &args, &error);
+    if (status != BP_SUCCESS) {
+        std::string message = "kernel '" + kernelName + "' (entry " + entryPoint + ", " +
+                              toString(static_cast<Dialect>(dialect)) + ") failed to compile on " +
+                              info_.id();
+        if (error.message[0] != '\0') message += ": " + std::string(error.message);
+        if (!out.log.empty()) message += "\ncompiler log:\n" + out.log;
+        throw Error(status == BP_ERROR_COMPILE ? ErrorCode::Compile : ErrorCode::Internal, message,
+                    plugin_->name(), error.vendor_code);
+    }
+    if (!out.log.empty())
+        log::write(log::Subsystem::Compile, log::Level::Debug,
+                   "kernel '" + kernelName + "' compile log: " + out.log);
+    return out;
+}
+
+KernelOwner Driver::load(const std::string &kernelName, bp_dialect dialect,
+                         const std::string &entryPoint, const void *binary, size_t size) {
+    bp_kernel_load_args args{};
+    args.struct_size = sizeof(args);
+    args.dialect = dialect;
+    args.entry_point = entryPoint.c_str();
+    args.binary = binary;
+    args.binary_size = size;
+    bp_kernel *kernel = nullptr;
+    bp_error error = makeError();
+    const bp_status status = api().kernel_load(device_, &args, &kernel, &error);
+    if (status != BP_SUCCESS)
+        fail(status, error, "kernel_load of '" + kernelName + "' on " + info_.id());
+    return {shared_from_this(), kernel};
+}
+
+void Driver::launch(bp_stream *stream, const bp_launch_args &args, const std::string &kernelName) {
+    bp_error error = makeError();
+    const bp_status status = api().kernel_launch(device_, stream, &args, &error);
+    if (status != BP_SUCCESS)
+        fail(status, error, "kernel_launch of '" + kernelName + "' on " + info_.id());
+}
+
+uint64_t Driver::nativeHandle(bp_native_kind kind, const void *object) {
+    if (!plugin_->has(&bp_plugin_api::native_handle))
+        throw Error(ErrorCode::Unsupported, plugin_->name() + " offers no native handles",
+                    plugin_->name());
+    uint64_t out = 0;
+    bp_error error = makeError();
+    const bp_status status = api().native_handle(device_, kind, object, &out, &error);
+    if (status != BP_SUCCESS) fail(status, error, "native_handle on " + info_.id());
+    return out;
+}
+
+} // namespace backplane::detail

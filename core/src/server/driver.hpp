@@ -1,0 +1,135 @@
+// Driver: one opened device behind the plugin's C table, with move-only owners for its handles.
+#pragma once
+
+#include "plugin/plugin_library.hpp"
+
+#include <backplane/device.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace backplane::detail {
+
+class Driver;
+
+/// Owns one handle of a Driver and releases it exactly once. Move-only; keeps the Driver (and so
+/// the plugin library) alive while it lives.
+template <class Handle, void (*Release)(Driver &, Handle *)> class DriverHandle {
+public:
+    DriverHandle() = default;
+    DriverHandle(std::shared_ptr<Driver> driver, Handle *handle)
+        : driver_(std::move(driver)), handle_(handle) {}
+    ~DriverHandle() { reset(); }
+    DriverHandle(DriverHandle &&other) noexcept
+        : driver_(std::move(other.driver_)), handle_(std::exchange(other.handle_, nullptr)) {}
+    DriverHandle &operator=(DriverHandle &&other) noexcept {
+        if (this != &other) {
+            reset();
+            driver_ = std::move(other.driver_);
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    DriverHandle(const DriverHandle &) = delete;
+    DriverHandle &operator=(const DriverHandle &) = delete;
+
+    Handle *get() const noexcept { return handle_; }
+    /// Gives up ownership: the caller now releases the handle.
+    Handle *release() noexcept {
+        driver_.reset();
+        return std::exchange(handle_, nullptr);
+    }
+    explicit operator bool() const noexcept { return handle_ != nullptr; }
+    void reset() {
+        if (handle_ != nullptr) Release(*driver_, handle_);
+        handle_ = nullptr;
+        driver_.reset();
+    }
+
+private:
+    std::shared_ptr<Driver> driver_;
+    Handle *handle_ = nullptr;
+};
+
+void releaseMemory(Driver &driver, bp_memory *memory);
+void releaseStream(Driver &driver, bp_stream *stream);
+void releaseEvent(Driver &driver, bp_event *event);
+void releaseKernel(Driver &driver, bp_kernel *kernel);
+
+using StreamOwner = DriverHandle<bp_stream, &releaseStream>;
+using EventOwner = DriverHandle<bp_event, &releaseEvent>;
+using KernelOwner = DriverHandle<bp_kernel, &releaseKernel>;
+
+/// One page of plugin memory and its host address (pinned / host-visible pages).
+struct MemoryPage {
+    DriverHandle<bp_memory, &releaseMemory> memory;
+    void *mapped = nullptr;
+    uint64_t size = 0;
+    bp_memory_kind kind = BP_MEMORY_DEVICE;
+};
+
+/// Result of a kernel compile: the blob and the compiler log.
+struct CompiledKernel {
+    std::vector<unsigned char> binary;
+    std::string log;
+};
+
+/// One opened device. Every call checks its status and throws backplane::Error through
+/// detail::throwStatus; optional functions are checked with PluginLibrary::has() so an older
+/// plugin without them works (Unsupported is thrown only when the feature is actually used).
+/// Thread-safety: as the ABI says (device calls from any thread; one thread per stream).
+class Driver : public std::enable_shared_from_this<Driver> {
+public:
+    /// Opens device `info.index` of `plugin`. Throws Error.
+    static std::shared_ptr<Driver> open(std::shared_ptr<PluginLibrary> plugin,
+                                        const DeviceInfo &info);
+    ~Driver();
+    Driver(const Driver &) = delete;
+    Driver &operator=(const Driver &) = delete;
+
+    const DeviceInfo &info() const noexcept { return info_; }
+    const PluginLibrary &plugin() const noexcept { return *plugin_; }
+    const bp_plugin_api &api() const noexcept { return plugin_->api(); }
+    bp_device *device() const noexcept { return device_; }
+    bool hasCapability(uint32_t bit) const noexcept { return (info_.capabilities & bit) != 0; }
+
+    MemoryPage allocate(bp_memory_kind kind, uint64_t size);
+    StreamOwner createStream();
+    /// Submits the stream; returns an event when `wantEvent`.
+    EventOwner flush(bp_stream *stream, bool wantEvent, bool timing = false);
+    void waitEvent(bp_stream *stream, bp_event *event);
+    void eventWait(bp_event *event);
+    bool eventQuery(bp_event *event);
+    uint64_t elapsedNs(bp_event *start, bp_event *end);
+
+    void copyHostToDevice(bp_stream *stream, const void *src, bp_memory *dst, uint64_t dstOffset,
+                          uint64_t size);
+    void copyDeviceToHost(bp_stream *stream, bp_memory *src, uint64_t srcOffset, void *dst,
+                          uint64_t size);
+    void copyDeviceToDevice(bp_stream *stream, bp_memory *src, uint64_t srcOffset, bp_memory *dst,
+                            uint64_t dstOffset, uint64_t size);
+    void fill(bp_stream *stream, bp_memory *dst, uint64_t offset, uint64_t size, uint32_t pattern);
+
+    /// Compiles; on failure throws Error(Compile) naming `kernelName` with the compiler log.
+    CompiledKernel compile(const std::string &kernelName, bp_dialect dialect,
+                           const std::string &entryPoint, const void *source, size_t sourceSize,
+                           const std::vector<std::string> &options);
+    KernelOwner load(const std::string &kernelName, bp_dialect dialect,
+                     const std::string &entryPoint, const void *binary, size_t size);
+    void launch(bp_stream *stream, const bp_launch_args &args, const std::string &kernelName);
+
+    uint64_t nativeHandle(bp_native_kind kind, const void *object);
+
+private:
+    Driver() = default;
+    [[noreturn]] void fail(bp_status status, const bp_error &error, const std::string &what) const;
+
+    std::shared_ptr<PluginLibrary> plugin_;
+    DeviceInfo info_;
+    bp_device *device_ = nullptr;
+};
+
+} // namespace backplane::detail

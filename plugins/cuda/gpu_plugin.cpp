@@ -1,0 +1,165 @@
+// The CUDA / HIP plugin class: probe, device descriptions, open. Entry point of the module.
+#include "gpu_device.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+
+namespace backplane::gpu {
+namespace {
+
+int attribute(const bpv::Driver &d, bpv::Attribute a, bpv::DeviceId dev) {
+    int value = 0;
+    check(d, bpv::deviceAttribute(d, &value, a, dev));
+    return value;
+}
+
+class GpuPlugin : public sdk::Plugin {
+public:
+    static constexpr const char *kName = bpv::kPluginName;
+    static constexpr const char *kVersion = bpv::kPluginVersion;
+
+    explicit GpuPlugin(const bp_plugin_init_args &args) : Plugin(args) {}
+
+    bp_probe_result probe() override {
+        initialised();
+        auto result = sdk::makeStruct<bp_probe_result>();
+        result.device_count = static_cast<uint32_t>(devices_.size());
+        sdk::copyString(result.driver_version, driverVersion_);
+        return result;
+    }
+
+    bp_device_info deviceInfo(uint32_t index) override {
+        initialised();
+        return description(index).info;
+    }
+
+    std::unique_ptr<sdk::Device> open(uint32_t index, const bp_device_open_args &) override {
+        initialised();
+        return std::make_unique<GpuDevice>(description(index));
+    }
+
+private:
+    // Loads the driver, initialises it and describes every device, once. None of this creates a
+    // context. A failure is remembered and reported again by every later call.
+    const bpv::Driver &initialised() {
+        std::call_once(once_, [this] {
+            try {
+                describeDevices();
+            } catch (const sdk::Error &e) {
+                failure_ = std::make_unique<sdk::Error>(e);
+            }
+        });
+        if (failure_) throw *failure_;
+        return gpu::driver();
+    }
+
+    void describeDevices() {
+        const auto &d = gpu::driver();
+        const bpv::Call init = bpv::init(d);
+        if (!init.ok()) {
+            const std::string text = bpv::errorName(d, init.result) + ": " +
+                                     bpv::errorString(d, init.result);
+            if (bpv::isNoDevice(init.result))
+                throw sdk::Error(BP_ERROR_NO_DEVICE,
+                                 std::string("no ") + bpv::kApiName + " device (" + init.name +
+                                     ": " + text + ")",
+                                 init.result);
+            throw sdk::Error(BP_ERROR_NO_DRIVER,
+                             std::string("the ") + bpv::kDriverDescription +
+                                 " failed to initialise (" + init.name + ": " + text +
+                                 "); check the driver installation",
+                             init.result);
+        }
+        int version = 0;
+        check(d, bpv::driverVersion(d, &version));
+        driverVersion_ = bpv::versionString(version);
+
+        int count = 0;
+        const bpv::Call counted = bpv::deviceCount(d, &count);
+        if (!counted.ok() || count == 0)
+            throw sdk::Error(BP_ERROR_NO_DEVICE,
+                             std::string("no ") + bpv::kApiName + " device (" + counted.name +
+                                 ": " + bpv::errorName(d, counted.result) + ": " +
+                                 bpv::errorString(d, counted.result) + ")",
+                             counted.result);
+        for (int i = 0; i < count; ++i) devices_.push_back(describe(d, i));
+
+        // PEER_COPY where this device can access at least one other device.
+        for (auto &a : devices_)
+            for (const auto &b : devices_) {
+                int can = 0;
+                if (&a != &b && bpv::canAccessPeer(d, &can, a.id, b.id).ok() && can)
+                    a.info.capabilities |= BP_CAPABILITY_PEER_COPY;
+            }
+    }
+
+    GpuDeviceDescription describe(const bpv::Driver &d, int ordinal) {
+        GpuDeviceDescription out;
+        out.ordinal = static_cast<uint32_t>(ordinal);
+        check(d, bpv::deviceGet(d, &out.id, ordinal));
+        check(d, bpv::deviceArch(d, &out.arch, out.id));
+        auto &info = out.info;
+        info = sdk::makeStruct<bp_device_info>();
+        char name[256] = {};
+        check(d, bpv::deviceName(d, name, sizeof name, out.id));
+        sdk::copyString(info.name, name);
+        sdk::copyString(info.vendor, bpv::kVendorName);
+        sdk::copyString(info.arch, out.arch);
+        sdk::copyString(info.driver_version, driverVersion_);
+        char pci[32] = {};
+        if (bpv::devicePciBusId(d, pci, sizeof pci, out.id).ok()) {
+            std::string id = pci;
+            std::transform(id.begin(), id.end(), id.begin(),
+                           [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+            sdk::copyString(info.pci_bus_id, id);
+        }
+        info.has_uuid = bpv::deviceUuid(d, info.uuid, out.id).ok() ? 1 : 0;
+        info.type = attribute(d, bpv::Attribute::Integrated, out.id)
+                        ? BP_DEVICE_TYPE_INTEGRATED_GPU
+                        : BP_DEVICE_TYPE_DISCRETE_GPU;
+        size_t memory = 0;
+        check(d, bpv::deviceTotalMem(d, &memory, out.id));
+        info.memory_bytes = memory;
+        info.max_allocation_bytes = memory;
+        info.max_block_size[0] = attribute(d, bpv::Attribute::MaxBlockDimX, out.id);
+        info.max_block_size[1] = attribute(d, bpv::Attribute::MaxBlockDimY, out.id);
+        info.max_block_size[2] = attribute(d, bpv::Attribute::MaxBlockDimZ, out.id);
+        info.max_block_threads = attribute(d, bpv::Attribute::MaxThreadsPerBlock, out.id);
+        info.max_grid_size[0] = attribute(d, bpv::Attribute::MaxGridDimX, out.id);
+        info.max_grid_size[1] = attribute(d, bpv::Attribute::MaxGridDimY, out.id);
+        info.max_grid_size[2] = attribute(d, bpv::Attribute::MaxGridDimZ, out.id);
+        info.max_shared_memory_bytes =
+            attribute(d, bpv::Attribute::MaxSharedMemoryPerBlock, out.id);
+        info.subgroup_size = attribute(d, bpv::Attribute::WarpSize, out.id);
+        info.binding_alignment = 256;
+        info.max_bindings = GpuDevice::kMaxBindings;
+        info.max_scalar_bytes = GpuDevice::kMaxScalarBytes;
+        info.max_streams = 32;
+        info.dialects = bpv::kDialects;
+        // No INDIRECT_DISPATCH: neither CUDA nor HIP can launch with a grid read on the device,
+        // and reading it back to the host would stall the stream (docs/cuda.md).
+        info.capabilities = BP_CAPABILITY_ASYNC_STREAMS | BP_CAPABILITY_TIMESTAMPS |
+                            BP_CAPABILITY_PORTABLE_BINARIES;
+        return out;
+    }
+
+    const GpuDeviceDescription &description(uint32_t index) const {
+        if (index >= devices_.size())
+            throw sdk::Error(BP_ERROR_NOT_FOUND,
+                             std::string(bpv::kApiName) + " device " + std::to_string(index) +
+                                 " does not exist (" + std::to_string(devices_.size()) +
+                                 " found)");
+        return devices_[index];
+    }
+
+    std::once_flag once_;
+    std::unique_ptr<sdk::Error> failure_;
+    std::string driverVersion_;
+    std::vector<GpuDeviceDescription> devices_;
+};
+
+} // namespace
+} // namespace backplane::gpu
+
+BACKPLANE_PLUGIN(backplane::gpu::GpuPlugin)

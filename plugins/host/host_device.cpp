@@ -1,0 +1,440 @@
+// One opened host device: storage, streams, transfers and host-dialect kernels.
+#include "host_device.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+#include <vector>
+
+namespace backplane::host {
+namespace {
+
+// Pages are aligned to this, well above any binding alignment and SIMD width.
+constexpr uint64_t kPageAlignment = 256;
+
+[[noreturn]] void invalid(const std::string &message) {
+    throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, message);
+}
+
+[[noreturn]] void rejectLaunch(const std::string &message) {
+    throw sdk::Error(BP_ERROR_LAUNCH, message);
+}
+
+/// An enum field as the integer a C caller stored: any value may arrive across the ABI, and
+/// loading one outside the enum's range as the enum type is undefined in C++.
+template <class Enum> auto rawValue(const Enum &field) {
+    std::underlying_type_t<Enum> raw;
+    std::memcpy(&raw, &field, sizeof(raw));
+    return raw;
+}
+
+std::string dialectName(const bp_dialect &field) {
+    const auto dialect = rawValue(field);
+    switch (dialect) {
+    case BP_DIALECT_CUDA:
+        return "cuda";
+    case BP_DIALECT_HIP:
+        return "hip";
+    case BP_DIALECT_GLSL:
+        return "glsl";
+    case BP_DIALECT_SPIRV:
+        return "spirv";
+    case BP_DIALECT_HOST:
+        return "host";
+    }
+    return "unknown dialect " + std::to_string(dialect);
+}
+
+std::string dims(const uint32_t (&d)[3]) {
+    return "(" + std::to_string(d[0]) + ", " + std::to_string(d[1]) + ", " + std::to_string(d[2]) +
+           ")";
+}
+
+/// Checks that [offset, offset + size) lies inside `memory`'s page.
+void checkRange(const HostMemory &memory, uint64_t offset, uint64_t size, const char *operation,
+                const char *which) {
+    if (size > memory.size() || offset > memory.size() - size)
+        invalid(std::string(operation) + ": " + which + " range of " + std::to_string(size) +
+                " bytes at offset " + std::to_string(offset) + " lies outside its page of " +
+                std::to_string(memory.size()) + " bytes");
+}
+
+/// Reads a bp_host_kernel_source of a caller that may know an older (smaller) layout.
+bp_host_kernel_source readHostSource(const void *data, size_t size, const std::string &what) {
+    constexpr size_t kMinimum =
+        offsetof(bp_host_kernel_source, function) + sizeof(bp_host_kernel_fn);
+    bp_host_kernel_source source{};
+    if (data == nullptr || size < kMinimum)
+        invalid(what + ": expected a bp_host_kernel_source of " + std::to_string(sizeof(source)) +
+                " bytes, got " + std::to_string(data == nullptr ? 0 : size) + " bytes");
+    size_t declared = 0;
+    std::memcpy(&declared, data, sizeof(declared));
+    const size_t n = std::min({size, declared, sizeof(source)});
+    if (n < kMinimum)
+        invalid(what + ": bp_host_kernel_source::struct_size " + std::to_string(declared) +
+                " is too small; set it to sizeof(bp_host_kernel_source)");
+    std::memcpy(&source, data, n);
+    source.struct_size = sizeof(source);
+    if (source.function == nullptr) invalid(what + ": bp_host_kernel_source::function is NULL");
+    return source;
+}
+
+/// Everything a launch needs at execution time, copied when it is recorded.
+struct LaunchRecord {
+    bp_host_kernel_fn function = nullptr;
+    uint32_t grid[3] = {0, 0, 0};
+    const unsigned char *indirectGrid = nullptr; ///< three uint32 read at execution time
+    uint32_t block[3] = {1, 1, 1};
+    std::vector<void *> buffers;
+    std::vector<uint64_t> bufferSizes;
+    std::vector<unsigned char> scalars;
+    std::string entryPoint;
+};
+
+void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_info &info) {
+    uint32_t grid[3] = {launch.grid[0], launch.grid[1], launch.grid[2]};
+    if (launch.indirectGrid != nullptr) {
+        std::memcpy(grid, launch.indirectGrid, sizeof(grid));
+        for (int d = 0; d < 3; ++d)
+            if (grid[d] > info.max_grid_size[d])
+                rejectLaunch("kernel '" + launch.entryPoint + "': the indirect grid " + dims(grid) +
+                             " read from grid_memory exceeds max_grid_size " +
+                             dims(info.max_grid_size) + "; the launch was skipped");
+    }
+    const uint64_t perSlice = uint64_t{grid[0]} * grid[1];
+    const uint64_t count = perSlice * grid[2];
+    pool.run(count, [&](uint64_t i) {
+        bp_host_kernel_context context{};
+        context.struct_size = sizeof(context);
+        std::copy(std::begin(grid), std::end(grid), context.grid);
+        std::copy(std::begin(launch.block), std::end(launch.block), context.block);
+        context.workgroup[0] = static_cast<uint32_t>(i % grid[0]);
+        context.workgroup[1] = static_cast<uint32_t>((i / grid[0]) % grid[1]);
+        context.workgroup[2] = static_cast<uint32_t>(i / perSlice);
+        context.buffers = launch.buffers.data();
+        context.buffer_sizes = launch.bufferSizes.data();
+        context.buffer_count = static_cast<uint32_t>(launch.buffers.size());
+        context.scalars = launch.scalars.empty() ? nullptr : launch.scalars.data();
+        context.scalar_size = launch.scalars.size();
+        launch.function(&context);
+    });
+}
+
+} // namespace
+
+HostMemory::HostMemory(HostDevice &owner, void *data, uint64_t size)
+    : owner_(owner), data_(static_cast<unsigned char *>(data)), size_(size) {}
+
+HostMemory::~HostMemory() {
+    std::free(data_);
+    owner_.releaseBytes(size_);
+}
+
+HostDevice::HostDevice(const bp_device_info &info, bool async, uint32_t workers,
+                       std::function<void()> onClose)
+    : info_(info), async_(async), pool_(workers), onClose_(std::move(onClose)) {}
+
+HostDevice::~HostDevice() {
+    if (onClose_) onClose_();
+}
+
+void HostDevice::releaseBytes(uint64_t bytes) noexcept {
+    allocatedBytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+std::unique_ptr<sdk::Memory> HostDevice::allocate(const bp_memory_allocate_args &args,
+                                                  void **mapped) {
+    const auto kind = rawValue(args.kind);
+    if (kind != BP_MEMORY_DEVICE && kind != BP_MEMORY_PINNED_HOST && kind != BP_MEMORY_HOST_VISIBLE)
+        invalid("memory_allocate: unknown memory kind " + std::to_string(kind));
+    if (args.size == 0) invalid("memory_allocate: size must be > 0");
+
+    // Reserve the bytes against the budget first, so concurrent allocations cannot overshoot.
+    const uint64_t budget = info_.memory_bytes;
+    uint64_t used = allocatedBytes_.load(std::memory_order_relaxed);
+    do {
+        if (args.size > budget - used)
+            throw sdk::Error(BP_ERROR_OUT_OF_MEMORY,
+                             "memory_allocate of " + std::to_string(args.size) +
+                                 " bytes: the host device has " + std::to_string(used) +
+                                 " of its " + std::to_string(budget) +
+                                 " bytes in use; free memory or raise the host plugin's "
+                                 "\"memory_bytes\" option");
+    } while (
+        !allocatedBytes_.compare_exchange_weak(used, used + args.size, std::memory_order_relaxed));
+
+    const uint64_t rounded = (args.size + kPageAlignment - 1) / kPageAlignment * kPageAlignment;
+    void *data = rounded <= std::numeric_limits<size_t>::max()
+                     ? std::aligned_alloc(kPageAlignment, static_cast<size_t>(rounded))
+                     : nullptr;
+    if (data == nullptr) {
+        releaseBytes(args.size);
+        throw sdk::Error(BP_ERROR_OUT_OF_MEMORY,
+                         "memory_allocate: aligned_alloc of " + std::to_string(rounded) +
+                             " bytes failed; the host is out of memory",
+                         errno);
+    }
+    // Every kind is plain host memory, so every page is mapped.
+    *mapped = data;
+    return std::make_unique<HostMemory>(*this, data, args.size);
+}
+
+void *HostDevice::map(sdk::Memory &memory) {
+    auto *page = dynamic_cast<HostMemory *>(&memory);
+    if (page == nullptr || &page->owner() != this)
+        invalid("memory_map: the memory was not allocated on this host device");
+    return page->data();
+}
+
+HostStream &HostDevice::ownStream(sdk::Stream &stream) const {
+    auto *hostStream = dynamic_cast<HostStream *>(&stream);
+    if (hostStream == nullptr || hostStream->owner() != this)
+        invalid("the stream was not created on this host device");
+    return *hostStream;
+}
+
+HostMemory &HostDevice::ownMemory(bp_memory *memory, const char *what) const {
+    if (memory == nullptr) invalid(std::string(what) + " is NULL");
+    auto *page = dynamic_cast<HostMemory *>(&sdk::as<sdk::Memory>(memory));
+    if (page == nullptr || &page->owner() != this)
+        invalid(std::string(what) +
+                " was not allocated on this host device (use copy_peer between devices)");
+    return *page;
+}
+
+std::unique_ptr<sdk::Stream> HostDevice::createStream(const bp_stream_create_args &) {
+    return std::make_unique<HostStream>(this, async_);
+}
+
+std::unique_ptr<sdk::Event> HostDevice::flush(sdk::Stream &stream, const bp_flush_args &args,
+                                              bool wantEvent) {
+    HostStream &hostStream = ownStream(stream);
+    // Work is handed to the worker as it is recorded; a flush only makes a completion point.
+    if (!wantEvent) return nullptr;
+    return hostStream.flush((args.flags & BP_FLUSH_TIMING_EVENT) != 0);
+}
+
+namespace {
+const HostEvent &hostEvent(sdk::Event &event) {
+    auto *found = dynamic_cast<HostEvent *>(&event);
+    if (found == nullptr) invalid("the event was not created by the host plugin");
+    return *found;
+}
+} // namespace
+
+void HostDevice::waitEvent(sdk::Stream &stream, sdk::Event &event) {
+    ownStream(stream).waitEvent(hostEvent(event));
+}
+
+bool HostDevice::eventWait(sdk::Event &event, uint64_t timeoutNs) {
+    return hostEvent(event).wait(timeoutNs);
+}
+
+bool HostDevice::eventQuery(sdk::Event &event) { return hostEvent(event).query(); }
+
+uint64_t HostDevice::elapsedNs(sdk::Event &start, sdk::Event &end) {
+    const HostEvent &first = hostEvent(start);
+    const HostEvent &last = hostEvent(end);
+    if (!first.isTiming() || !last.isTiming())
+        invalid("event_elapsed_ns: both events must be flushed with BP_FLUSH_TIMING_EVENT");
+    if (!first.query() || !last.query())
+        throw sdk::Error(BP_ERROR_NOT_READY,
+                         "event_elapsed_ns: an event is still pending; wait for both first");
+    const int64_t from = first.timestampNs();
+    const int64_t to = last.timestampNs();
+    if (to < from)
+        invalid("event_elapsed_ns: the end event completed " + std::to_string(from - to) +
+                " ns before the start event");
+    return static_cast<uint64_t>(to - from);
+}
+
+void HostDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    const HostMemory &dst = ownMemory(args.dst, "copy_host_to_device: dst");
+    checkRange(dst, args.dst_offset, args.size, "copy_host_to_device", "dst");
+    if (args.size == 0) return;
+    if (args.src == nullptr) invalid("copy_host_to_device: src is NULL");
+    hostStream.submit([to = dst.data() + args.dst_offset, from = args.src, n = args.size] {
+        std::memcpy(to, from, n);
+    });
+}
+
+void HostDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    const HostMemory &src = ownMemory(args.src, "copy_device_to_host: src");
+    checkRange(src, args.src_offset, args.size, "copy_device_to_host", "src");
+    if (args.size == 0) return;
+    if (args.dst == nullptr) invalid("copy_device_to_host: dst is NULL");
+    hostStream.submit([to = args.dst, from = src.data() + args.src_offset, n = args.size] {
+        std::memcpy(to, from, n);
+    });
+}
+
+void HostDevice::copyBetween(sdk::Stream &stream, const HostMemory &source,
+                             const bp_copy_device_to_device_args &args, const char *operation) {
+    HostStream &hostStream = ownStream(stream);
+    const HostMemory &dst = ownMemory(args.dst, (std::string(operation) + ": dst").c_str());
+    checkRange(source, args.src_offset, args.size, operation, "src");
+    checkRange(dst, args.dst_offset, args.size, operation, "dst");
+    if (args.size == 0) return;
+    // memmove: a copy within one page may overlap.
+    hostStream.submit([to = dst.data() + args.dst_offset, from = source.data() + args.src_offset,
+                       n = args.size] { std::memmove(to, from, n); });
+}
+
+void HostDevice::copyDeviceToDevice(sdk::Stream &stream,
+                                    const bp_copy_device_to_device_args &args) {
+    copyBetween(stream, ownMemory(args.src, "copy_device_to_device: src"), args,
+                "copy_device_to_device");
+}
+
+void HostDevice::copyPeer(sdk::Stream &stream, sdk::Device &source,
+                          const bp_copy_device_to_device_args &args) {
+    auto *sourceDevice = dynamic_cast<HostDevice *>(&source);
+    if (sourceDevice == nullptr) invalid("copy_peer: the source device is not a host device");
+    copyBetween(stream, sourceDevice->ownMemory(args.src, "copy_peer: src"), args, "copy_peer");
+}
+
+void HostDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    const HostMemory &dst = ownMemory(args.dst, "fill: dst");
+    if (args.offset % 4 != 0 || args.size % 4 != 0)
+        invalid("fill: offset " + std::to_string(args.offset) + " and size " +
+                std::to_string(args.size) + " must be multiples of 4");
+    checkRange(dst, args.offset, args.size, "fill", "dst");
+    if (args.size == 0) return;
+    hostStream.submit([to = dst.data() + args.offset, n = args.size, pattern = args.pattern] {
+        for (uint64_t i = 0; i < n; i += 4)
+            std::memcpy(to + i, &pattern, 4);
+    });
+}
+
+void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput &out) {
+    const std::string entry = args.entry_point ? args.entry_point : "";
+    if (rawValue(args.dialect) != BP_DIALECT_HOST)
+        throw sdk::Error(BP_ERROR_UNSUPPORTED,
+                         "kernel_compile of '" + entry +
+                             "': the host plugin runs only the host "
+                             "dialect (native functions), not " +
+                             dialectName(args.dialect) +
+                             "; give the kernel a host variant or use a GPU plugin");
+    const bp_host_kernel_source source =
+        readHostSource(args.source, args.source_size, "kernel_compile of '" + entry + "'");
+    const auto *bytes = reinterpret_cast<const unsigned char *>(&source);
+    out.binary.assign(bytes, bytes + sizeof(source));
+    std::ostringstream log;
+    log << "host kernel '" << entry << "': native function at "
+        << reinterpret_cast<const void *>(source.function)
+        << "; the blob is valid in this process only\n";
+    out.log = log.str();
+}
+
+std::unique_ptr<sdk::Kernel> HostDevice::load(const bp_kernel_load_args &args) {
+    const std::string entry = args.entry_point ? args.entry_point : "";
+    if (rawValue(args.dialect) != BP_DIALECT_HOST)
+        throw sdk::Error(BP_ERROR_UNSUPPORTED, "kernel_load of '" + entry +
+                                                   "': the host plugin cannot load a " +
+                                                   dialectName(args.dialect) + " blob");
+    const bp_host_kernel_source source =
+        readHostSource(args.binary, args.binary_size, "kernel_load of '" + entry + "'");
+    return std::make_unique<HostKernel>(source.function, entry);
+}
+
+void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    if (args.kernel == nullptr) invalid("kernel_launch: kernel is NULL");
+    auto *kernel = dynamic_cast<HostKernel *>(&sdk::as<sdk::Kernel>(args.kernel));
+    if (kernel == nullptr) invalid("kernel_launch: the kernel was not loaded by the host plugin");
+    const std::string what = "kernel_launch of '" + kernel->entryPoint() + "'";
+
+    LaunchRecord record;
+    record.function = kernel->function();
+    record.entryPoint = kernel->entryPoint();
+
+    uint64_t threads = 1;
+    for (int d = 0; d < 3; ++d) {
+        if (args.block[d] == 0 || args.block[d] > info_.max_block_size[d])
+            rejectLaunch(what + ": block " + dims(args.block) + " must lie within (1, 1, 1) and " +
+                         dims(info_.max_block_size));
+        threads *= args.block[d];
+        record.block[d] = args.block[d];
+    }
+    if (threads > info_.max_block_threads)
+        rejectLaunch(what + ": block " + dims(args.block) + " has " + std::to_string(threads) +
+                     " threads, more than " + std::to_string(info_.max_block_threads));
+    if (args.shared_memory_bytes > info_.max_shared_memory_bytes)
+        rejectLaunch(what + ": host kernels get no dynamic shared memory (asked for " +
+                     std::to_string(args.shared_memory_bytes) +
+                     " bytes); use a local array in the function");
+
+    if (args.grid_memory != nullptr) {
+        const HostMemory &gridPage = ownMemory(args.grid_memory, (what + ": grid_memory").c_str());
+        if (args.grid_offset % 4 != 0)
+            invalid(what + ": grid_offset " + std::to_string(args.grid_offset) +
+                    " must be a multiple of 4");
+        checkRange(gridPage, args.grid_offset, 3 * sizeof(uint32_t), what.c_str(), "grid_memory");
+        record.indirectGrid = gridPage.data() + args.grid_offset;
+    } else {
+        for (int d = 0; d < 3; ++d) {
+            if (args.grid[d] > info_.max_grid_size[d])
+                rejectLaunch(what + ": grid " + dims(args.grid) + " exceeds max_grid_size " +
+                             dims(info_.max_grid_size));
+            record.grid[d] = args.grid[d];
+        }
+    }
+
+    if (args.binding_count > info_.max_bindings)
+        rejectLaunch(what + ": " + std::to_string(args.binding_count) +
+                     " bindings, more than the host device's " +
+                     std::to_string(info_.max_bindings));
+    if (args.binding_count > 0 && args.bindings == nullptr)
+        invalid(what + ": binding_count is " + std::to_string(args.binding_count) +
+                " but bindings is NULL");
+    for (uint32_t i = 0; i < args.binding_count; ++i) {
+        const bp_binding &binding = args.bindings[i];
+        const std::string name = what + ": binding " + std::to_string(i);
+        const HostMemory &page = ownMemory(binding.memory, name.c_str());
+        if (binding.offset % info_.binding_alignment != 0)
+            invalid(name + ": offset " + std::to_string(binding.offset) +
+                    " is not a multiple of binding_alignment " +
+                    std::to_string(info_.binding_alignment));
+        checkRange(page, binding.offset, binding.size, name.c_str(), "binding");
+        record.buffers.push_back(page.data() + binding.offset);
+        record.bufferSizes.push_back(binding.size);
+    }
+
+    if (args.scalar_size > info_.max_scalar_bytes)
+        rejectLaunch(what + ": " + std::to_string(args.scalar_size) + " scalar bytes, more than " +
+                     std::to_string(info_.max_scalar_bytes));
+    if (args.scalar_size > 0) {
+        if (args.scalars == nullptr)
+            invalid(what + ": scalar_size is " + std::to_string(args.scalar_size) +
+                    " but scalars is NULL");
+        const auto *bytes = static_cast<const unsigned char *>(args.scalars);
+        record.scalars.assign(bytes, bytes + args.scalar_size); // the caller's bytes may change
+    }
+
+    hostStream.submit([this, launch = std::move(record)] { runLaunch(launch, pool_, info_); });
+}
+
+uint64_t HostDevice::nativeHandle(bp_native_kind kind, const void *object) {
+    switch (kind) {
+    case BP_NATIVE_DEVICE:
+        return reinterpret_cast<uint64_t>(this);
+    case BP_NATIVE_MEMORY: {
+        auto *memory = static_cast<bp_memory *>(const_cast<void *>(object));
+        return reinterpret_cast<uint64_t>(ownMemory(memory, "native_handle: memory").data());
+    }
+    case BP_NATIVE_STREAM: {
+        if (object == nullptr) invalid("native_handle: stream is NULL");
+        auto *stream = static_cast<bp_stream *>(const_cast<void *>(object));
+        return reinterpret_cast<uint64_t>(&ownStream(sdk::as<sdk::Stream>(stream)));
+    }
+    }
+    invalid("native_handle: unknown kind " + std::to_string(static_cast<int>(kind)));
+}
+
+} // namespace backplane::host

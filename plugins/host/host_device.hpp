@@ -1,0 +1,105 @@
+// One opened host device: memory pages, streams, host-dialect kernels, in host memory and threads.
+#pragma once
+
+#include "host_stream.hpp"
+#include "workgroup_pool.hpp"
+
+#include <backplane/abi/plugin_sdk.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace backplane::host {
+
+class HostDevice;
+
+/// A page of host memory (every bp_memory_kind is the same aligned host allocation).
+class HostMemory final : public sdk::Memory {
+public:
+    HostMemory(HostDevice &owner, void *data, uint64_t size);
+    /// Frees the allocation and returns its bytes to the device's budget.
+    ~HostMemory() override;
+    HostMemory(const HostMemory &) = delete;
+    HostMemory &operator=(const HostMemory &) = delete;
+
+    unsigned char *data() const noexcept { return data_; }
+    uint64_t size() const noexcept { return size_; }
+    const HostDevice &owner() const noexcept { return owner_; }
+
+private:
+    HostDevice &owner_;
+    unsigned char *data_;
+    uint64_t size_;
+};
+
+/// A loaded host-dialect kernel: a function pointer of this process.
+class HostKernel final : public sdk::Kernel {
+public:
+    HostKernel(bp_host_kernel_fn fn, std::string entryPoint)
+        : function_(fn), entryPoint_(std::move(entryPoint)) {}
+
+    bp_host_kernel_fn function() const noexcept { return function_; }
+    const std::string &entryPoint() const noexcept { return entryPoint_; }
+
+private:
+    bp_host_kernel_fn function_;
+    std::string entryPoint_;
+};
+
+/// One opened host device. Thread-safe per the ABI rules: allocation accounting is atomic, the
+/// workgroup pool is shared by all streams, everything else is immutable after construction.
+class HostDevice final : public sdk::Device {
+public:
+    /// `info` is what device_info reported; `onClose` runs in the destructor (the plugin uses it
+    /// to allow opening the device again).
+    HostDevice(const bp_device_info &info, bool async, uint32_t workers,
+               std::function<void()> onClose);
+    ~HostDevice() override;
+    HostDevice(const HostDevice &) = delete;
+    HostDevice &operator=(const HostDevice &) = delete;
+
+    std::unique_ptr<sdk::Memory> allocate(const bp_memory_allocate_args &args,
+                                          void **mapped) override;
+    void *map(sdk::Memory &memory) override;
+
+    std::unique_ptr<sdk::Stream> createStream(const bp_stream_create_args &args) override;
+    std::unique_ptr<sdk::Event> flush(sdk::Stream &stream, const bp_flush_args &args,
+                                      bool wantEvent) override;
+    void waitEvent(sdk::Stream &stream, sdk::Event &event) override;
+    bool eventWait(sdk::Event &event, uint64_t timeoutNs) override;
+    bool eventQuery(sdk::Event &event) override;
+    uint64_t elapsedNs(sdk::Event &start, sdk::Event &end) override;
+
+    void copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) override;
+    void copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) override;
+    void copyDeviceToDevice(sdk::Stream &stream,
+                            const bp_copy_device_to_device_args &args) override;
+    void fill(sdk::Stream &stream, const bp_fill_args &args) override;
+    void copyPeer(sdk::Stream &stream, sdk::Device &source,
+                  const bp_copy_device_to_device_args &args) override;
+
+    void compile(const bp_kernel_compile_args &args, sdk::CompileOutput &out) override;
+    std::unique_ptr<sdk::Kernel> load(const bp_kernel_load_args &args) override;
+    void launch(sdk::Stream &stream, const bp_launch_args &args) override;
+
+    uint64_t nativeHandle(bp_native_kind kind, const void *object) override;
+
+    /// Returns `bytes` to the allocation budget; called by ~HostMemory.
+    void releaseBytes(uint64_t bytes) noexcept;
+
+private:
+    HostStream &ownStream(sdk::Stream &stream) const;
+    HostMemory &ownMemory(bp_memory *memory, const char *what) const;
+    void copyBetween(sdk::Stream &stream, const HostMemory &source,
+                     const bp_copy_device_to_device_args &args, const char *operation);
+
+    const bp_device_info info_;
+    const bool async_;
+    std::atomic<uint64_t> allocatedBytes_{0};
+    WorkgroupPool pool_;
+    std::function<void()> onClose_;
+};
+
+} // namespace backplane::host

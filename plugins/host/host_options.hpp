@@ -1,0 +1,26 @@
+// Options of the host plugin, parsed from bp_plugin_init_args::options_json.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace backplane::host {
+
+/// The settings a config file may give the host plugin under `plugins.options.host`.
+struct HostOptions {
+    /// Number of identical host devices to expose ("devices"); > 1 is useful for peer copies.
+    uint32_t devices = 1;
+    /// Cap on the bytes allocated per device ("memory_bytes"); 0 means the physical RAM.
+    uint64_t memoryBytes = 0;
+    /// "async" (default): each stream is a worker thread. "sync": every operation runs inline on
+    /// the calling thread and the device does not declare BP_CAPABILITY_ASYNC_STREAMS.
+    bool async = true;
+    /// Threads that run the workgroups of one launch ("workers"); 0 means min(hardware, 4).
+    uint32_t workers = 0;
+};
+
+/// Parses the options JSON text. Throws sdk::Error(BP_ERROR_INVALID_ARGUMENT) whose message names
+/// the offending key and the values it accepts.
+HostOptions parseHostOptions(std::string_view json);
+
+} // namespace backplane::host

@@ -1,0 +1,161 @@
+// The host plugin: CPU threads as streams, counters as events, host memory, native kernels.
+#include "host_device.hpp"
+#include "host_options.hpp"
+
+#include <backplane/abi/plugin_sdk.hpp>
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace backplane::host {
+namespace {
+
+// Host device UUIDs: this namespace with the device index in the last four bytes (RFC 4122
+// version-5 and variant bits set), so device i has the same UUID in every process.
+constexpr uint8_t kUuidNamespace[16] = {0x62, 0x70, 0x2d, 0x68, 0x6f, 0x73, 0x74, 0x2d,
+                                        0x8a, 0x4e, 0x1c, 0x37, 0x00, 0x00, 0x00, 0x00};
+
+std::string cpuModelName() {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line)) {
+        if (line.rfind("model name", 0) != 0) continue;
+        const size_t colon = line.find(':');
+        if (colon == std::string::npos) break;
+        const size_t start = line.find_first_not_of(" \t", colon + 1);
+        if (start != std::string::npos) return line.substr(start);
+    }
+    return "host CPU";
+}
+
+std::string cpuArchitecture() {
+    utsname names{};
+    if (uname(&names) == 0 && names.machine[0] != '\0') return names.machine;
+    return "unknown";
+}
+
+uint64_t physicalMemoryBytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long pageSize = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || pageSize <= 0) return uint64_t{1} << 32; // unknown: assume 4 GiB
+    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(pageSize);
+}
+
+} // namespace
+
+/// The plugin instance. Construction parses the options and describes the devices (cheap: reads
+/// /proc/cpuinfo once); threads start only when a device is opened.
+class HostPlugin final : public sdk::Plugin {
+public:
+    static constexpr const char *kName = "host";
+    static constexpr const char *kVersion = "1.0.0";
+
+    explicit HostPlugin(const bp_plugin_init_args &args)
+        : Plugin(args), options_(parseHostOptions(optionsJson())), open_(options_.devices, false) {
+        if (options_.workers == 0)
+            options_.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+        info_ = describeDevice();
+        log(BP_LOG_DEBUG, std::to_string(options_.devices) + " host device(s), " +
+                              (options_.async ? "async" : "sync") + " streams, " +
+                              std::to_string(options_.workers) + " workgroup worker(s)");
+    }
+
+    bp_probe_result probe() override {
+        auto result = sdk::makeStruct<bp_probe_result>();
+        result.device_count = options_.devices;
+        sdk::copyString(result.driver_version, kVersion);
+        return result;
+    }
+
+    bp_device_info deviceInfo(uint32_t index) override {
+        checkIndex(index, "device_info");
+        bp_device_info info = info_;
+        std::copy(std::begin(kUuidNamespace), std::end(kUuidNamespace), info.uuid);
+        for (int b = 0; b < 4; ++b)
+            info.uuid[12 + b] = static_cast<uint8_t>(index >> (24 - 8 * b));
+        info.uuid[6] = static_cast<uint8_t>((info.uuid[6] & 0x0f) | 0x50); // version 5
+        info.uuid[8] = static_cast<uint8_t>((info.uuid[8] & 0x3f) | 0x80); // RFC 4122 variant
+        return info;
+    }
+
+    std::unique_ptr<sdk::Device> open(uint32_t index, const bp_device_open_args &args) override {
+        checkIndex(index, "device_open");
+        if (args.flags != 0)
+            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
+                             "device_open: flags must be 0 in ABI 1.0, got " +
+                                 std::to_string(args.flags));
+        const bp_device_info info = deviceInfo(index);
+        {
+            std::lock_guard lock(mutex_);
+            if (open_[index])
+                throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "device_open: host device " +
+                                                                std::to_string(index) +
+                                                                " is already open; close it first");
+            open_[index] = true;
+        }
+        auto onClose = [this, index] {
+            std::lock_guard lock(mutex_);
+            open_[index] = false;
+        };
+        try {
+            return std::make_unique<HostDevice>(info, options_.async, options_.workers, onClose);
+        } catch (...) {
+            onClose();
+            throw;
+        }
+    }
+
+private:
+    void checkIndex(uint32_t index, const char *operation) const {
+        if (index >= options_.devices)
+            throw sdk::Error(BP_ERROR_NOT_FOUND, std::string(operation) + ": no host device " +
+                                                     std::to_string(index) + "; there are " +
+                                                     std::to_string(options_.devices) +
+                                                     " (raise the \"devices\" option for more)");
+    }
+
+    bp_device_info describeDevice() const {
+        auto info = sdk::makeStruct<bp_device_info>();
+        sdk::copyString(info.name, cpuModelName());
+        sdk::copyString(info.vendor, "backplane");
+        sdk::copyString(info.arch, cpuArchitecture());
+        sdk::copyString(info.driver_version, kVersion);
+        info.has_uuid = 1;
+        info.type = BP_DEVICE_TYPE_CPU;
+        info.memory_bytes =
+            options_.memoryBytes != 0 ? options_.memoryBytes : physicalMemoryBytes();
+        info.max_allocation_bytes = info.memory_bytes;
+        info.max_block_size[0] = info.max_block_size[1] = info.max_block_size[2] = 1024;
+        info.max_block_threads = 1024;
+        info.max_grid_size[0] = 0x7fffffffu;
+        info.max_grid_size[1] = info.max_grid_size[2] = 65535;
+        info.max_shared_memory_bytes = 0; // a host kernel uses its own stack
+        info.subgroup_size = 1;
+        info.binding_alignment = 64;
+        info.max_bindings = 64;
+        info.max_scalar_bytes = 4096;
+        info.max_streams = 16;
+        info.dialects = 1u << BP_DIALECT_HOST;
+        // Not PORTABLE_BINARIES: a host kernel blob is a function pointer of this process.
+        info.capabilities = BP_CAPABILITY_TIMESTAMPS | BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY |
+                            BP_CAPABILITY_INDIRECT_DISPATCH | BP_CAPABILITY_PEER_COPY;
+        if (options_.async) info.capabilities |= BP_CAPABILITY_ASYNC_STREAMS;
+        return info;
+    }
+
+    HostOptions options_;
+    bp_device_info info_{};
+    std::mutex mutex_;
+    std::vector<bool> open_; ///< guarded by mutex_
+};
+
+} // namespace backplane::host
+
+BACKPLANE_PLUGIN(backplane::host::HostPlugin)

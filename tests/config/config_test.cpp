@@ -1,0 +1,285 @@
+// Tests of the config file reader, the environment overrides and the config lookup order.
+#include <backplane/config.hpp>
+#include <backplane/error.hpp>
+#include <backplane/log.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using backplane::Config;
+using backplane::Error;
+using backplane::readConfigFile;
+
+namespace {
+
+/// A scratch directory removed at the end of the test.
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        static int counter = 0;
+        path = fs::temp_directory_path() / ("backplane-config-test-" + std::to_string(getpid()) +
+                                            "-" + std::to_string(counter++));
+        fs::remove_all(path);
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+    fs::path write(const std::string &name, const std::string &text) const {
+        std::ofstream(path / name) << text;
+        return path / name;
+    }
+};
+
+/// Sets an environment variable for one scope.
+struct ScopedEnv {
+    std::string name;
+    std::optional<std::string> old;
+    ScopedEnv(std::string n, const char *value) : name(std::move(n)) {
+        if (const char *v = std::getenv(name.c_str())) old = v;
+        if (value) setenv(name.c_str(), value, 1);
+        else unsetenv(name.c_str());
+    }
+    ~ScopedEnv() {
+        if (old) setenv(name.c_str(), old->c_str(), 1);
+        else unsetenv(name.c_str());
+    }
+};
+
+/// The message of the Error(Config) that reading `text` throws ("" if none).
+std::string configError(const std::string &text) {
+    TempDir dir;
+    const fs::path file = dir.write("backplane.json", text);
+    try {
+        readConfigFile(file);
+    } catch (const Error &e) {
+        CHECK(std::string(toString(e.code())) == "config");
+        std::string message = e.what();
+        const std::string prefix = file.string() + ": ";
+        CHECK_MESSAGE(message.rfind(prefix, 0) == 0, "message does not name the file: " << message);
+        if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
+        return message;
+    }
+    return "";
+}
+
+} // namespace
+
+TEST_CASE("reads every key of the config file") {
+    TempDir dir;
+    const fs::path file = dir.write("backplane.json", R"({
+      "devices": {"prefer": ["fakegpu_a:0", "*:gpu", "host"], "required": true,
+                  "backend_priority": ["vulkan", "cuda"]},
+      "plugins": {"paths": ["plugins", "/opt/bp/plugins"], "enable": ["a", "b"], "disable": ["c"],
+                  "options": {"vulkan": {"validation": true}}},
+      "streams": {"max_streams": 16, "scheduler": "sequential", "max_tasks": 4},
+      "memory": {"staging_chunk_bytes": 1048576, "max_page_bytes": 268435456},
+      "cache": {"dir": "cache", "enabled": false},
+      "autotune": {"level": "extensive"},
+      "log": "info,loader=debug"
+    })");
+    const Config c = readConfigFile(file);
+    CHECK(c.source == file);
+    CHECK(c.devicePreference == std::vector<std::string>{"fakegpu_a:0", "*:gpu", "host"});
+    CHECK(c.deviceRequired);
+    CHECK(c.backendPriority == std::vector<std::string>{"vulkan", "cuda"});
+    REQUIRE(c.pluginPaths.size() == 2);
+    CHECK(c.pluginPaths[0] == dir.path / "plugins");
+    CHECK(c.pluginPaths[1] == "/opt/bp/plugins");
+    CHECK(c.pluginEnable == std::vector<std::string>{"a", "b"});
+    CHECK(c.pluginDisable == std::vector<std::string>{"c"});
+    CHECK(c.pluginOptions.at("vulkan") == R"({"validation":true})");
+    CHECK(c.maxStreams == 16);
+    CHECK(std::string(toString(c.schedulerMode)) == "sequential");
+    CHECK(c.schedulerMaxTasks == 4);
+    CHECK(c.stagingChunkBytes == 1048576);
+    CHECK(c.maxPageBytes == 268435456);
+    CHECK(c.cacheDir == dir.path / "cache");
+    CHECK_FALSE(c.cacheEnabled);
+    CHECK(std::string(toString(c.tuneLevel)) == "extensive");
+    CHECK(c.logSpec == "info,loader=debug");
+    // Reading validates the log spec but does not apply it.
+    CHECK(std::string(toString(backplane::log::level(backplane::log::Subsystem::Loader))) == "off");
+}
+
+TEST_CASE("an empty object gives the documented defaults") {
+    TempDir dir;
+    const Config c = readConfigFile(dir.write("backplane.json", "{}"));
+    const Config d;
+    CHECK(c.devicePreference.empty());
+    CHECK_FALSE(c.deviceRequired);
+    CHECK(c.backendPriority == d.backendPriority);
+    CHECK(c.maxStreams == 128);
+    CHECK(c.schedulerMaxTasks == 8);
+    CHECK(c.stagingChunkBytes == (8ull << 20));
+    CHECK(c.cacheEnabled);
+    CHECK(std::string(toString(c.tuneLevel)) == "balanced");
+}
+
+TEST_CASE("names the file and JSON pointer of every value of the wrong type") {
+    CHECK(configError(R"({"devices": {"prefer": ["cuda", 3]}})") ==
+          "/devices/prefer/1: expected a string, got number");
+    CHECK(configError(R"({"devices": {"prefer": "cuda"}})") ==
+          "/devices/prefer: expected an array of strings, got string");
+    CHECK(configError(R"({"devices": {"required": "yes"}})") ==
+          "/devices/required: expected a boolean, got string");
+    CHECK(configError(R"({"devices": {"backend_priority": [true]}})") ==
+          "/devices/backend_priority/0: expected a string, got boolean");
+    CHECK(configError(R"({"devices": []})") == "/devices: expected an object, got array");
+    CHECK(configError(R"({"plugins": {"paths": [1]}})") ==
+          "/plugins/paths/0: expected a string, got number");
+    CHECK(configError(R"({"plugins": {"paths": "x"}})") ==
+          "/plugins/paths: expected an array of strings, got string");
+    CHECK(configError(R"({"plugins": {"enable": [null]}})") ==
+          "/plugins/enable/0: expected a string, got null");
+    CHECK(configError(R"({"plugins": {"disable": {}}})") ==
+          "/plugins/disable: expected an array of strings, got object");
+    CHECK(configError(R"({"plugins": {"options": {"cuda": 1}}})") ==
+          "/plugins/options/cuda: expected an object, got number");
+    CHECK(configError(R"({"plugins": {"options": []}})") ==
+          "/plugins/options: expected an object, got array");
+    CHECK(configError(R"({"streams": {"max_streams": "8"}})") ==
+          "/streams/max_streams: expected an integer, got string");
+    CHECK(configError(R"({"streams": {"max_streams": 0}})") ==
+          "/streams/max_streams: expected an integer in [1, 65536], got 0");
+    CHECK(configError(R"({"streams": {"max_tasks": -1}})") ==
+          "/streams/max_tasks: expected an integer in [1, 1048576], got -1");
+    CHECK(configError(R"({"streams": {"max_tasks": 1.5}})") ==
+          "/streams/max_tasks: expected an integer, got number");
+    CHECK(configError(R"({"streams": {"scheduler": 1}})") ==
+          "/streams/scheduler: expected a string, got number");
+    CHECK(configError(R"({"streams": {"scheduler": "fifo"}})").find(
+              "/streams/scheduler: unknown scheduler 'fifo'") == 0);
+    CHECK(configError(R"({"memory": {"staging_chunk_bytes": "1M"}})") ==
+          "/memory/staging_chunk_bytes: expected an integer, got string");
+    CHECK(configError(R"({"memory": {"max_page_bytes": -5}})").find("/memory/max_page_bytes") == 0);
+    CHECK(configError(R"({"cache": {"dir": 5}})") == "/cache/dir: expected a string, got number");
+    CHECK(configError(R"({"cache": {"enabled": 1}})") ==
+          "/cache/enabled: expected a boolean, got number");
+    CHECK(configError(R"({"autotune": {"level": 3}})") ==
+          "/autotune/level: expected a string, got number");
+    CHECK(configError(R"({"autotune": {"level": "max"}})").find(
+              "/autotune/level: unknown level 'max'") == 0);
+    CHECK(configError(R"({"log": 1})") == "/log: expected a string, got number");
+    CHECK(configError(R"({"log": "loud"})").find("/log: BACKPLANE_LOG: unknown level") == 0);
+    CHECK(configError(R"([1, 2])") == "/: expected an object, got array");
+}
+
+TEST_CASE("rejects unknown keys and lists the known ones") {
+    CHECK(configError(R"({"device": {}})") ==
+          "/device: unknown key 'device' (known keys here: devices, plugins, streams, memory, "
+          "cache, autotune, log)");
+    CHECK(configError(R"({"devices": {"prefered": []}})") ==
+          "/devices/prefered: unknown key 'prefered' (known keys here: prefer, required, "
+          "backend_priority)");
+    CHECK(configError(R"({"plugins": {"path": []}})").find("/plugins/path: unknown key") == 0);
+    CHECK(configError(R"({"streams": {"max": 1}})").find("/streams/max: unknown key") == 0);
+    CHECK(configError(R"({"memory": {"x": 1}})").find("/memory/x: unknown key") == 0);
+    CHECK(configError(R"({"cache": {"x": 1}})").find("/cache/x: unknown key") == 0);
+    CHECK(configError(R"({"autotune": {"x": 1}})").find("/autotune/x: unknown key") == 0);
+}
+
+TEST_CASE("rejects malformed JSON and malformed device selectors") {
+    CHECK(configError(R"({"devices": )").find("not valid JSON") == 0);
+    CHECK(configError(R"({"devices": {"prefer": ["cuda:"]}})").find(
+              "/devices/prefer/0: invalid device selector 'cuda:'") == 0);
+    CHECK(configError(R"({"devices": {"prefer": ["*:tpu"]}})").find("/devices/prefer/0") == 0);
+    CHECK(configError(R"({"devices": {"prefer": ["vulkan:xyz"]}})").find(
+              "neither a device index nor a UUID") != std::string::npos);
+}
+
+TEST_CASE("a missing file is a config error naming it") {
+    CHECK_THROWS_WITH_AS(readConfigFile("/nonexistent/backplane.json"),
+                         doctest::Contains("/nonexistent/backplane.json: cannot open"), Error);
+}
+
+TEST_CASE("environment variables override single keys") {
+    Config c;
+    c.devicePreference = {"cuda"};
+    const ScopedEnv device("BACKPLANE_DEVICE", "fakegpu_b:1, *:cpu");
+    const ScopedEnv path("BACKPLANE_PLUGIN_PATH", "/p1:/p2/x.json");
+    const ScopedEnv cache("BACKPLANE_CACHE_DIR", "/tmp/bp-cache");
+    const ScopedEnv tune("BACKPLANE_AUTOTUNE", "off");
+    const ScopedEnv streams("BACKPLANE_MAX_STREAMS", "4");
+    const ScopedEnv logSpec("BACKPLANE_LOG", "off,tool=error");
+    backplane::applyEnvironment(c);
+    CHECK(c.devicePreference == std::vector<std::string>{"fakegpu_b:1", "*:cpu"});
+    CHECK(c.pluginPathOverride == std::vector<fs::path>{"/p1", "/p2/x.json"});
+    CHECK(c.cacheDir == "/tmp/bp-cache");
+    CHECK(std::string(toString(c.tuneLevel)) == "off");
+    CHECK(c.maxStreams == 4);
+    CHECK(c.logSpec == "off,tool=error");
+}
+
+TEST_CASE("bad environment values are config errors naming the variable") {
+    Config c;
+    {
+        const ScopedEnv env("BACKPLANE_MAX_STREAMS", "many");
+        CHECK_THROWS_WITH_AS(backplane::applyEnvironment(c),
+                             doctest::Contains("BACKPLANE_MAX_STREAMS"), Error);
+    }
+    {
+        const ScopedEnv env("BACKPLANE_AUTOTUNE", "fast");
+        CHECK_THROWS_WITH_AS(backplane::applyEnvironment(c),
+                             doctest::Contains("BACKPLANE_AUTOTUNE: unknown level 'fast'"), Error);
+    }
+    {
+        const ScopedEnv env("BACKPLANE_DEVICE", "cuda:0,:1");
+        CHECK_THROWS_WITH_AS(backplane::applyEnvironment(c),
+                             doctest::Contains("BACKPLANE_DEVICE: invalid device selector"), Error);
+    }
+    {
+        const ScopedEnv env("BACKPLANE_LOG", "loader=chatty");
+        CHECK_THROWS_WITH_AS(backplane::applyEnvironment(c), doctest::Contains("BACKPLANE_LOG"),
+                             Error);
+    }
+}
+
+TEST_CASE("finds the config through BACKPLANE_CONFIG, then ./backplane.json, then XDG") {
+    TempDir dir;
+    const fs::path previous = fs::current_path();
+    fs::create_directories(dir.path / "work");
+    fs::create_directories(dir.path / "xdg" / "backplane");
+    dir.write("xdg/backplane/config.json", R"({"streams": {"max_streams": 3}})");
+    dir.write("work/backplane.json", R"({"streams": {"max_streams": 2}})");
+    const fs::path explicitFile = dir.write("explicit.json", R"({"streams": {"max_streams": 1}})");
+    fs::current_path(dir.path / "work");
+    const ScopedEnv xdg("XDG_CONFIG_HOME", (dir.path / "xdg").c_str());
+    const ScopedEnv maxStreams("BACKPLANE_MAX_STREAMS", nullptr);
+    {
+        const ScopedEnv env("BACKPLANE_CONFIG", explicitFile.c_str());
+        CHECK(backplane::loadConfig().maxStreams == 1);
+    }
+    {
+        const ScopedEnv env("BACKPLANE_CONFIG", nullptr);
+        CHECK(backplane::loadConfig().maxStreams == 2);
+        fs::remove(dir.path / "work" / "backplane.json");
+        CHECK(backplane::loadConfig().maxStreams == 3);
+        fs::remove(dir.path / "xdg" / "backplane" / "config.json");
+        CHECK(backplane::loadConfig().maxStreams == 128);
+    }
+    {
+        const ScopedEnv env("BACKPLANE_CONFIG", (dir.path / "missing.json").c_str());
+        CHECK_THROWS_WITH_AS(backplane::loadConfig(), doctest::Contains("BACKPLANE_CONFIG"), Error);
+    }
+    {
+        const ScopedEnv env("BACKPLANE_CONFIG", explicitFile.c_str());
+        const ScopedEnv override("BACKPLANE_MAX_STREAMS", "9");
+        CHECK(backplane::loadConfig().maxStreams == 9);
+    }
+    fs::current_path(previous);
+}
+
+TEST_CASE("prints the effective settings as JSON with the file's keys") {
+    Config c;
+    c.devicePreference = {"host"};
+    c.cacheDir = "/tmp/x";
+    const std::string json = backplane::toJson(c);
+    CHECK(json.find("\"prefer\": [\n      \"host\"") != std::string::npos);
+    CHECK(json.find("\"max_streams\": 128") != std::string::npos);
+    CHECK(json.find("\"dir\": \"/tmp/x\"") != std::string::npos);
+    CHECK(json.find("\"level\": \"balanced\"") != std::string::npos);
+}

@@ -1,0 +1,220 @@
+// Tests of Runtime: device list and dedup, selection, fallback, errors and the JSON report.
+#include <backplane/error.hpp>
+#include <backplane/log.hpp>
+#include <backplane/runtime.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using backplane::Config;
+using backplane::Error;
+using backplane::Runtime;
+
+namespace {
+
+Config fixtureConfig() {
+    Config config;
+    config.pluginPathOverride = {FIXTURE_DIR};
+    config.cacheEnabled = false;
+    return config;
+}
+
+std::string codeOf(const Error &e) { return backplane::toString(e.code()); }
+
+/// Collects log messages of one scope.
+struct LogCapture {
+    std::mutex mutex;
+    std::vector<std::string> lines;
+    LogCapture() {
+        backplane::log::setLevel(backplane::log::Subsystem::Loader, backplane::log::Level::Info);
+        backplane::log::setSink([this](backplane::log::Level level, backplane::log::Subsystem,
+                                       std::string_view message) {
+            const std::lock_guard lock(mutex);
+            lines.push_back(std::string(backplane::log::toString(level)) + ": " +
+                            std::string(message));
+        });
+    }
+    ~LogCapture() {
+        backplane::log::setSink(nullptr);
+        backplane::log::setLevel(backplane::log::Subsystem::Loader, backplane::log::Level::Off);
+    }
+    bool contains(const std::string &text) {
+        const std::lock_guard lock(mutex);
+        return std::any_of(lines.begin(), lines.end(), [&](const std::string &l) {
+            return l.find(text) != std::string::npos;
+        });
+    }
+};
+
+} // namespace
+
+TEST_CASE("lists the same GPU reached through two plugins once, with both routes") {
+    const Runtime runtime(fixtureConfig());
+    const auto &devices = runtime.devices();
+    // fakegpu_a:0 = fakegpu_b:1 (one discrete GPU), fakegpu_b:0 (integrated), newer_minor:0 and
+    // optional_missing:0 (other), fakecpu:0 (CPU).
+    REQUIRE(devices.size() == 5);
+    const auto &gpu = devices.front();
+    CHECK(std::string(toString(gpu.info().type)) == "discrete_gpu");
+    REQUIRE(gpu.routes.size() == 2);
+    CHECK(gpu.routes[0].id() == "fakegpu_a:0");
+    CHECK(gpu.routes[1].id() == "fakegpu_b:1");
+    CHECK(gpu.info().id() == "fakegpu_a:0"); // neither is in backend_priority: discovery order
+    CHECK(gpu.info().uuidString() == "aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa");
+    CHECK(devices[1].info().id() == "fakegpu_b:0");
+    CHECK(devices.back().info().id() == "fakecpu:0");
+}
+
+TEST_CASE("devices.backend_priority picks the preferred route of a shared GPU") {
+    Config config = fixtureConfig();
+    config.backendPriority = {"fakegpu_b", "fakegpu_a"};
+    const Runtime runtime(config);
+    CHECK(runtime.devices().front().info().id() == "fakegpu_b:1");
+    CHECK(runtime.select("*:gpu").device.id() == "fakegpu_b:1");
+    // An explicit route is honoured even when it is not the preferred one.
+    CHECK(runtime.select("fakegpu_a:0").device.id() == "fakegpu_a:0");
+}
+
+TEST_CASE("a bad plugin does not stop the runtime from using the others") {
+    const Runtime runtime(fixtureConfig());
+    size_t failed = 0;
+    for (const auto &p : runtime.plugins())
+        if (p.state != backplane::PluginState::Loaded) ++failed;
+    CHECK(failed >= 10);
+    CHECK(runtime.select().device.id() == "fakegpu_a:0");
+}
+
+TEST_CASE("selects with every selector form") {
+    const Runtime runtime(fixtureConfig());
+    CHECK(runtime.select("fakegpu_b:0").device.id() == "fakegpu_b:0");
+    CHECK(runtime.select("fakegpu_b").device.id() == "fakegpu_b:1"); // its best device
+    CHECK(runtime.select("fakegpu_b:*").device.id() == "fakegpu_b:1");
+    CHECK(runtime.select("fakegpu_b:aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa").device.id() ==
+          "fakegpu_b:1");
+    CHECK(runtime.select("fakegpu_b:BBBB").device.id() == "fakegpu_b:0");
+    CHECK(runtime.select("*:gpu").device.id() == "fakegpu_a:0");
+    CHECK(runtime.select("*:cpu").device.id() == "fakecpu:0");
+    CHECK(runtime.select("*").device.id() == "fakegpu_a:0");
+    CHECK(runtime.select("fakecpu:7, fakegpu_b:0").device.id() == "fakegpu_b:0");
+}
+
+TEST_CASE("the first preference that matches wins, and earlier misses are reported") {
+    Config config = fixtureConfig();
+    config.devicePreference = {"no_driver", "fakegpu_a:3", "*:cpu", "*:gpu"};
+    const Runtime runtime(config);
+    const auto selection = runtime.select();
+    CHECK(selection.device.id() == "fakecpu:0");
+    REQUIRE(selection.rejected.size() == 2);
+    CHECK(selection.rejected[0].find("no CUDA driver (libcuda.so.1 not found)") !=
+          std::string::npos);
+    CHECK(selection.rejected[1].find("fakegpu_a:0 but none matches") != std::string::npos);
+    CHECK(selection.reason.find("'*:cpu'") != std::string::npos);
+}
+
+TEST_CASE("falls back to the best device with a warning when nothing preferred matches") {
+    Config config = fixtureConfig();
+    config.devicePreference = {"cuda:0", "missing_library_file"};
+    LogCapture capture;
+    const Runtime runtime(config);
+    const auto selection = runtime.select();
+    CHECK(selection.device.id() == "fakegpu_a:0");
+    CHECK(selection.rejected.size() == 2);
+    CHECK(selection.reason.find("nothing in devices.prefer matched") != std::string::npos);
+    CHECK(capture.contains("warn: selected fakegpu_a:0"));
+    CHECK(capture.contains("no plugin named 'cuda'"));
+    CHECK(capture.contains("does_not_exist.so does not exist"));
+}
+
+TEST_CASE("a required preference that matches nothing throws with the plugin report") {
+    Config config = fixtureConfig();
+    config.devicePreference = {"no_driver:0", "fakegpu_a:5"};
+    config.deviceRequired = true;
+    const Runtime runtime(config);
+    try {
+        runtime.select();
+        FAIL("select() should have thrown");
+    } catch (const Error &e) {
+        CHECK(codeOf(e) == "no_matching_device");
+        const std::string message = e.what();
+        CHECK(message.find("no CUDA driver (libcuda.so.1 not found)") != std::string::npos);
+        CHECK(message.find("fakegpu_a has fakegpu_a:0 but none matches") != std::string::npos);
+        CHECK(message.find("fakegpu_b: filtered_out") != std::string::npos);
+    }
+}
+
+TEST_CASE("an explicit selector is required and a malformed one is a config error") {
+    const Runtime runtime(fixtureConfig());
+    CHECK_THROWS_WITH_AS(runtime.select("nonexistent"),
+                         doctest::Contains("no plugin named 'nonexistent'"), Error);
+    try {
+        runtime.select("fakegpu_a:");
+        FAIL("select() should have thrown");
+    } catch (const Error &e) {
+        CHECK(codeOf(e) == "config");
+    }
+}
+
+TEST_CASE("no device at all is a NoDevice error listing why each plugin failed") {
+    Config config = fixtureConfig();
+    config.pluginEnable = {"no_device", "no_driver"};
+    const Runtime runtime(config);
+    CHECK(runtime.devices().empty());
+    try {
+        runtime.select();
+        FAIL("select() should have thrown");
+    } catch (const Error &e) {
+        CHECK(codeOf(e) == "no_device");
+        CHECK(std::string(e.what()).find("no_driver: probe_failed") != std::string::npos);
+    }
+}
+
+TEST_CASE("the JSON report follows schema version 1") {
+    Config config = fixtureConfig();
+    config.devicePreference = {"cuda", "*:cpu"};
+    const Runtime runtime(config);
+    const auto report = nlohmann::json::parse(runtime.reportJson());
+    CHECK(report["schema_version"] == 1);
+    CHECK(report["abi_version"] == "1.0");
+    CHECK(report["search_path"][0] == FIXTURE_DIR);
+    REQUIRE(report["plugins"].size() == runtime.plugins().size());
+    bool sawLiar = false;
+    for (const auto &p : report["plugins"]) {
+        CHECK(p.contains("state"));
+        CHECK(p.contains("reason"));
+        CHECK(p.contains("manifest"));
+        if (p["name"] == "abi_liar") {
+            sawLiar = true;
+            CHECK(p["state"] == "abi_mismatch");
+        }
+    }
+    CHECK(sawLiar);
+    REQUIRE(report["devices"].size() == 5);
+    const auto &gpu = report["devices"][0];
+    CHECK(gpu["id"] == "fakegpu_a:0");
+    CHECK(gpu["type"] == "discrete_gpu");
+    CHECK(gpu["memory_bytes"] == (16ull << 30));
+    CHECK(gpu["routes"] == nlohmann::json::array({"fakegpu_a:0", "fakegpu_b:1"}));
+    CHECK(report["devices"][4]["uuid"].is_null());
+    CHECK(report["selection"]["device"] == "fakecpu:0");
+    CHECK(report["selection"]["rejected"].size() == 1);
+}
+
+TEST_CASE("Runtime() reads the environment (BACKPLANE_PLUGIN_PATH, BACKPLANE_DEVICE)") {
+    setenv("BACKPLANE_DEVICE", "fakegpu_b:0", 1);
+    const Runtime runtime;
+    unsetenv("BACKPLANE_DEVICE");
+    CHECK(runtime.searchPath().front() == FIXTURE_DIR);
+    CHECK(runtime.select().device.id() == "fakegpu_b:0");
+}
+
+TEST_CASE("a moved-from runtime's successor keeps the plugins loaded") {
+    Runtime first(fixtureConfig());
+    Runtime second(std::move(first));
+    CHECK(second.devices().size() == 5);
+    CHECK(second.select("fakecpu").device.name == "Fake CPU");
+}

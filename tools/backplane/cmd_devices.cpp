@@ -1,0 +1,121 @@
+// `backplane devices [--json]`: plugins, devices and the why-not report.
+#include "commands.hpp"
+
+#include <backplane/error.hpp>
+#include <backplane/runtime.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace backplane::tool {
+namespace {
+
+std::string humanBytes(uint64_t bytes) {
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double value = static_cast<double>(bytes);
+    size_t unit = 0;
+    while (value >= 1024 && unit + 1 < std::size(units)) {
+        value /= 1024;
+        ++unit;
+    }
+    char text[32];
+    std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+    return text;
+}
+
+/// Prints rows as left-aligned columns; the last column is not padded.
+void printTable(const std::vector<std::vector<std::string>> &rows) {
+    std::vector<size_t> widths;
+    for (const auto &row : rows)
+        for (size_t i = 0; i < row.size(); ++i) {
+            if (widths.size() <= i) widths.push_back(0);
+            widths[i] = std::max(widths[i], row[i].size());
+        }
+    for (const auto &row : rows) {
+        std::string line = "  ";
+        for (size_t i = 0; i < row.size(); ++i) {
+            line += row[i];
+            if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+        }
+        std::printf("%s\n", line.c_str());
+    }
+}
+
+void printReport(const Runtime &runtime) {
+    std::printf("Plugins (searched:");
+    for (const auto &p : runtime.searchPath()) std::printf(" %s", p.string().c_str());
+    std::printf(")\n");
+    if (runtime.plugins().empty()) {
+        std::printf("  no plugin manifest found; set BACKPLANE_PLUGIN_PATH or plugins.paths\n");
+    } else {
+        std::vector<std::vector<std::string>> rows = {
+            {"NAME", "STATE", "DEVICES", "VERSION", "ABI", "MANIFEST"}};
+        for (const auto &p : runtime.plugins())
+            rows.push_back({p.name.empty() ? "?" : p.name, toString(p.state),
+                            std::to_string(p.deviceCount), p.version.empty() ? "-" : p.version,
+                            std::to_string(p.abiMajor) + "." + std::to_string(p.abiMinor),
+                            p.manifest.string()});
+        printTable(rows);
+        bool header = false;
+        for (const auto &p : runtime.plugins()) {
+            if (p.reason.empty()) continue;
+            if (!header) std::printf("\nWhy not:\n");
+            header = true;
+            std::printf("  %s (%s): %s\n", p.name.empty() ? p.manifest.string().c_str()
+                                                          : p.name.c_str(),
+                        toString(p.state), p.reason.c_str());
+        }
+    }
+
+    std::printf("\nDevices (best first)\n");
+    if (runtime.devices().empty()) {
+        std::printf("  none\n");
+    } else {
+        std::vector<std::vector<std::string>> rows = {
+            {"ID", "TYPE", "MEMORY", "NAME", "UUID", "ROUTES"}};
+        for (const auto &d : runtime.devices()) {
+            std::string routes;
+            for (const auto &r : d.routes) routes += (routes.empty() ? "" : ", ") + r.id();
+            rows.push_back({d.info().id(), toString(d.info().type),
+                            humanBytes(d.info().memoryBytes), d.info().name,
+                            d.info().hasUuid ? d.info().uuidString() : "-", routes});
+        }
+        printTable(rows);
+    }
+
+    std::printf("\nSelection\n");
+    try {
+        const Selection s = runtime.select();
+        std::printf("  %s: %s\n", s.device.id().c_str(), s.reason.c_str());
+        for (const auto &r : s.rejected) std::printf("  not taken: %s\n", r.c_str());
+    } catch (const Error &e) {
+        std::printf("  none: %s\n", e.what());
+    }
+}
+
+} // namespace
+
+int runDevices(const Args &args) {
+    bool json = false;
+    for (const auto &a : args) {
+        if (a == "--json") {
+            json = true;
+        } else {
+            std::fprintf(stderr, "usage: backplane devices [--json]\n");
+            return 2;
+        }
+    }
+    try {
+        const Runtime runtime;
+        if (json) std::printf("%s\n", runtime.reportJson().c_str());
+        else printReport(runtime);
+        return 0;
+    } catch (const Error &e) {
+        std::fprintf(stderr, "backplane devices: %s\n", e.what());
+        return 1;
+    }
+}
+
+} // namespace backplane::tool

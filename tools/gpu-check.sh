@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Everything the NVIDIA GPU machine should check, in one go (see docs/performance.md):
+#   here:  tools/gpu-check.sh build      -> builds build-gpu/ (release), ready to carry
+#   there: tools/gpu-check.sh run        -> tests (CUDA, Vulkan on the NVIDIA driver, conformance),
+#          compute-sanitizer memcheck, devices, demo on each backend, bench; short table last.
+# The GPU machine has no meson of this version and no Vulkan loader: the build travels as
+# build-gpu/ (plus .gl/ with Debian's libvulkan1), tests run from `meson introspect --tests`.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+build=build-gpu
+
+if [ "${1:-}" = build ]; then
+    set -e
+    [ -f $build/build.ninja ] || meson setup $build -Dbuildtype=release
+    ninja -C $build
+    meson introspect $build --tests > $build/tests.json
+    # Objects are not needed to run; keep what travels small.
+    find $build -name '*.o' -delete
+    du -sh $build
+    exit 0
+fi
+[ "${1:-}" = run ] || { echo "usage: tools/gpu-check.sh build|run" >&2; exit 2; }
+
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+# Absolute paths in the build (test commands, BACKPLANE_BUILD_ROOT) point at the development
+# machine's checkout; make that path lead here.
+if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$root" /work/main; fi
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+# NVIDIA's GLX ICD fails headless; its EGL library serves Vulkan without a display.
+printf '{"file_format_version":"1.0.1","ICD":{"library_path":"/usr/local/nvidia/lib64/libEGL_nvidia.so.0","api_version":"1.4.312"}}' > /tmp/egl_icd.json
+export VK_DRIVER_FILES=/tmp/egl_icd.json
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export BACKPLANE_CACHE_DIR=/tmp/backplane-cache
+tool=/work/main/$build/tools/backplane/backplane
+
+nvidia-smi -L | tee "$OUT/gpu.txt"
+$tool devices | tee "$OUT/devices.txt"
+$tool devices --json > "$OUT/devices.json"
+
+python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
+    --suite cuda --suite vulkan --suite conformance --suite core --suite host --suite streams \
+    | tee "$OUT/tests.txt"
+
+sanitizer=/usr/local/cuda/bin/compute-sanitizer
+if [ -x $sanitizer ] && [ -x /work/main/$build/tests/conformance/conformance_test ]; then
+    BACKPLANE_CONFORMANCE_PLUGIN=cuda timeout 400 $sanitizer --tool memcheck --error-exitcode 9 \
+        /work/main/$build/tests/conformance/conformance_test > "$OUT/memcheck.log" 2>&1
+    echo "memcheck conformance(cuda): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" | tee -a "$OUT/tests.txt"
+fi
+
+for dev in cuda vulkan host; do
+    BACKPLANE_DEVICE=$dev timeout 120 $tool demo > "$OUT/demo-$dev.txt" 2>&1
+    echo "demo $dev: rc=$? $(tail -1 "$OUT/demo-$dev.txt")" | tee -a "$OUT/tests.txt"
+done
+timeout 300 $tool bench engine cuda vulkan tune > "$OUT/bench.txt" 2> "$OUT/bench-notes.txt"
+echo "bench rc=$?"
+echo "================ summary"
+cat "$OUT/tests.txt"
+cat "$OUT/bench.txt"

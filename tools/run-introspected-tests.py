@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""Runs the tests listed by `meson introspect --tests` where meson itself is not usable
+(the GPU machine): each with its env, workdir and timeout; exit 77 counts as SKIP."""
+import json, os, subprocess, sys, time
+
+def main():
+    tests_json, log_path = sys.argv[1], sys.argv[2]
+    suites = [a for i, a in enumerate(sys.argv) if i > 0 and sys.argv[i - 1] == "--suite"]
+    tests = json.load(open(tests_json))
+    failed = 0
+    with open(log_path, "w") as log:
+        for t in tests:
+            names = {s.split(":")[-1] for s in t.get("suite", [])}
+            if suites and not names & set(suites):
+                continue
+            env = dict(os.environ)
+            env.update(t.get("env", {}))
+            start = time.time()
+            try:
+                p = subprocess.run(t["cmd"], env=env, cwd=t.get("workdir") or None,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   timeout=(t.get("timeout") or 300) * 2)
+                rc, out = p.returncode, p.stdout.decode(errors="replace")
+            except subprocess.TimeoutExpired as e:
+                rc, out = "timeout", (e.stdout or b"").decode(errors="replace")
+            state = "OK" if rc == 0 else "SKIP" if rc == 77 else "FAIL"
+            failed += state == "FAIL"
+            line = f"{state:5} {t['name']:45} {time.time() - start:6.1f}s rc={rc}"
+            print(line, flush=True)
+            log.write(f"==== {line}\n{out}\n")
+    print(f"{failed} failed")
+    return 1 if failed else 0
+
+sys.exit(main())
