@@ -36,8 +36,8 @@ export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRAR
 export BACKPLANE_CACHE_DIR=/tmp/backplane-cache
 tool=/work/main/$build/tools/backplane/backplane
 
-nvidia-smi -L | tee "$OUT/gpu.txt"
-$tool devices | tee "$OUT/devices.txt"
+nvidia-smi -L
+$tool devices
 $tool devices --json > "$OUT/devices.json"
 
 python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
@@ -49,14 +49,17 @@ if [ -x $sanitizer ] && [ -x /work/main/$build/tests/conformance/conformance_tes
     BACKPLANE_CONFORMANCE_PLUGIN=cuda timeout 400 $sanitizer --tool memcheck --error-exitcode 9 \
         /work/main/$build/tests/conformance/conformance_test > "$OUT/memcheck.log" 2>&1
     echo "memcheck conformance(cuda): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" | tee -a "$OUT/tests.txt"
+    tail -5 "$OUT/memcheck.log"
 fi
 
 for dev in cuda vulkan host; do
-    BACKPLANE_DEVICE=$dev timeout 120 $tool demo > "$OUT/demo-$dev.txt" 2>&1
-    echo "demo $dev: rc=$? $(tail -1 "$OUT/demo-$dev.txt")" | tee -a "$OUT/tests.txt"
+    BACKPLANE_DEVICE=$dev timeout 120 $tool demo > /tmp/demo.txt 2>&1
+    echo "demo $dev: rc=$? $(tail -1 /tmp/demo.txt)" | tee -a "$OUT/tests.txt"
+    cat /tmp/demo.txt >> "$OUT/demo.txt"
 done
-timeout 300 $tool bench engine cuda vulkan tune > "$OUT/bench.txt" 2> "$OUT/bench-notes.txt"
+timeout 300 $tool bench engine cuda vulkan tune > "$OUT/bench.txt" 2> /tmp/bench-notes.txt
 echo "bench rc=$?"
+cat /tmp/bench-notes.txt
 echo "================ summary"
 cat "$OUT/tests.txt"
 cat "$OUT/bench.txt"

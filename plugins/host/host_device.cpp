@@ -348,7 +348,8 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     if (args.kernel == nullptr) invalid("kernel_launch: kernel is NULL");
     auto *kernel = dynamic_cast<HostKernel *>(&sdk::as<sdk::Kernel>(args.kernel));
     if (kernel == nullptr) invalid("kernel_launch: the kernel was not loaded by the host plugin");
-    const std::string what = "kernel_launch of '" + kernel->entryPoint() + "'";
+    // Messages are built only on failure: this is the launch hot path.
+    const auto what = [kernel] { return "kernel_launch of '" + kernel->entryPoint() + "'"; };
 
     LaunchRecord record;
     record.function = kernel->function();
@@ -357,61 +358,64 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     uint64_t threads = 1;
     for (int d = 0; d < 3; ++d) {
         if (args.block[d] == 0 || args.block[d] > info_.max_block_size[d])
-            rejectLaunch(what + ": block " + dims(args.block) + " must lie within (1, 1, 1) and " +
+            rejectLaunch(what() + ": block " + dims(args.block) + " must lie within (1, 1, 1) and " +
                          dims(info_.max_block_size));
         threads *= args.block[d];
         record.block[d] = args.block[d];
     }
     if (threads > info_.max_block_threads)
-        rejectLaunch(what + ": block " + dims(args.block) + " has " + std::to_string(threads) +
+        rejectLaunch(what() + ": block " + dims(args.block) + " has " + std::to_string(threads) +
                      " threads, more than " + std::to_string(info_.max_block_threads));
     if (args.shared_memory_bytes > info_.max_shared_memory_bytes)
-        rejectLaunch(what + ": host kernels get no dynamic shared memory (asked for " +
+        rejectLaunch(what() + ": host kernels get no dynamic shared memory (asked for " +
                      std::to_string(args.shared_memory_bytes) +
                      " bytes); use a local array in the function");
 
     if (args.grid_memory != nullptr) {
-        const HostMemory &gridPage = ownMemory(args.grid_memory, (what + ": grid_memory").c_str());
+        const HostMemory &gridPage = ownMemory(args.grid_memory, (what() + ": grid_memory").c_str());
         if (args.grid_offset % 4 != 0)
-            invalid(what + ": grid_offset " + std::to_string(args.grid_offset) +
+            invalid(what() + ": grid_offset " + std::to_string(args.grid_offset) +
                     " must be a multiple of 4");
-        checkRange(gridPage, args.grid_offset, 3 * sizeof(uint32_t), what.c_str(), "grid_memory");
+        checkRange(gridPage, args.grid_offset, 3 * sizeof(uint32_t), what().c_str(), "grid_memory");
         record.indirectGrid = gridPage.data() + args.grid_offset;
     } else {
         for (int d = 0; d < 3; ++d) {
             if (args.grid[d] > info_.max_grid_size[d])
-                rejectLaunch(what + ": grid " + dims(args.grid) + " exceeds max_grid_size " +
+                rejectLaunch(what() + ": grid " + dims(args.grid) + " exceeds max_grid_size " +
                              dims(info_.max_grid_size));
             record.grid[d] = args.grid[d];
         }
     }
 
     if (args.binding_count > info_.max_bindings)
-        rejectLaunch(what + ": " + std::to_string(args.binding_count) +
+        rejectLaunch(what() + ": " + std::to_string(args.binding_count) +
                      " bindings, more than the host device's " +
                      std::to_string(info_.max_bindings));
     if (args.binding_count > 0 && args.bindings == nullptr)
-        invalid(what + ": binding_count is " + std::to_string(args.binding_count) +
+        invalid(what() + ": binding_count is " + std::to_string(args.binding_count) +
                 " but bindings is NULL");
     for (uint32_t i = 0; i < args.binding_count; ++i) {
         const bp_binding &binding = args.bindings[i];
-        const std::string name = what + ": binding " + std::to_string(i);
-        const HostMemory &page = ownMemory(binding.memory, name.c_str());
-        if (binding.offset % info_.binding_alignment != 0)
-            invalid(name + ": offset " + std::to_string(binding.offset) +
-                    " is not a multiple of binding_alignment " +
-                    std::to_string(info_.binding_alignment));
-        checkRange(page, binding.offset, binding.size, name.c_str(), "binding");
-        record.buffers.push_back(page.data() + binding.offset);
-        record.bufferSizes.push_back(binding.size);
+        try {
+            const HostMemory &page = ownMemory(binding.memory, "memory");
+            if (binding.offset % info_.binding_alignment != 0)
+                invalid("offset " + std::to_string(binding.offset) +
+                        " is not a multiple of binding_alignment " +
+                        std::to_string(info_.binding_alignment));
+            checkRange(page, binding.offset, binding.size, "range", "binding");
+            record.buffers.push_back(page.data() + binding.offset);
+            record.bufferSizes.push_back(binding.size);
+        } catch (const sdk::Error &e) {
+            throw sdk::Error(e.code(), what() + ": binding " + std::to_string(i) + ": " + e.what());
+        }
     }
 
     if (args.scalar_size > info_.max_scalar_bytes)
-        rejectLaunch(what + ": " + std::to_string(args.scalar_size) + " scalar bytes, more than " +
+        rejectLaunch(what() + ": " + std::to_string(args.scalar_size) + " scalar bytes, more than " +
                      std::to_string(info_.max_scalar_bytes));
     if (args.scalar_size > 0) {
         if (args.scalars == nullptr)
-            invalid(what + ": scalar_size is " + std::to_string(args.scalar_size) +
+            invalid(what() + ": scalar_size is " + std::to_string(args.scalar_size) +
                     " but scalars is NULL");
         const auto *bytes = static_cast<const unsigned char *>(args.scalars);
         record.scalars.assign(bytes, bytes + args.scalar_size); // the caller's bytes may change

@@ -177,7 +177,8 @@ struct RawCuda {
 
     RawCuda(void *driver, int ordinal) {
 #define BENCH_LOAD(name)                                                                           \
-    name = reinterpret_cast<decltype(name)>(symbol(driver, BENCH_STRING(name)));
+    name = reinterpret_cast<decltype(name)>(symbol(library, BENCH_STRING(name)));
+        void *library = driver;
         BENCH_CU_FUNCTIONS(BENCH_LOAD)
         void *rtc = nullptr;
         std::string tried;
@@ -188,6 +189,7 @@ struct RawCuda {
             tried += std::string(tried.empty() ? "" : "; ") + (error != nullptr ? error : "");
         }
         if (rtc == nullptr) throw std::runtime_error("NVRTC not found (" + tried + ")");
+        library = rtc;
         BENCH_NVRTC_FUNCTIONS(BENCH_LOAD)
 #undef BENCH_LOAD
         check(cuInit(0), "cuInit");
@@ -563,10 +565,8 @@ void run(void *driver, const BenchOptions &options, BenchRows &rows) {
                 client.write(buffer, host.data(), kSize);
                 client.sync();
             };
-            auto read = [&] {
-                const std::vector<std::byte> back = client.read(buffer).wait();
-                if (back.size() != kSize) throw std::runtime_error("short read");
-            };
+            std::vector<unsigned char> into(kSize);
+            auto read = [&] { client.read(buffer, into.data(), kSize); };
             write();
             const std::vector<std::byte> back = client.read(buffer).wait();
             if (back.size() != kSize || std::memcmp(back.data(), host.data(), kSize) != 0)

@@ -158,6 +158,9 @@ public:
     void write(const Buffer &buffer, const PinnedBuffer &data, uint64_t size, uint64_t offset = 0);
     /// Reads `size` bytes (all when UINT64_MAX) from `offset`, ordered on the current stream.
     ReadFuture read(const Buffer &buffer, uint64_t offset = 0, uint64_t size = UINT64_MAX);
+    /// Reads `size` bytes at `offset` into ordinary (pageable) host memory and returns when they
+    /// are there. Goes through the pinned staging pipeline; no allocation of the result.
+    void read(const Buffer &buffer, void *into, uint64_t size, uint64_t offset = 0);
     /// Reads into runtime-pinned memory, without staging; blocks until done.
     void read(const Buffer &buffer, const PinnedBuffer &into, uint64_t size, uint64_t offset = 0);
     /// Convenience: read() then wait(), as elements of T.

@@ -76,6 +76,9 @@ void ComputeClient::write(const Buffer &buffer, const PinnedBuffer &data, uint64
 ReadFuture ComputeClient::read(const Buffer &buffer, uint64_t offset, uint64_t size) {
     return server_->read(currentStream(), buffer, offset, size);
 }
+void ComputeClient::read(const Buffer &buffer, void *into, uint64_t size, uint64_t offset) {
+    server_->read(currentStream(), buffer, into, size, offset);
+}
 void ComputeClient::read(const Buffer &buffer, const PinnedBuffer &into, uint64_t size,
                          uint64_t offset) {
     server_->read(currentStream(), buffer, into, size, offset);

@@ -2,8 +2,11 @@
 #include "server/compute_server.hpp"
 
 #include "cache/kernel_cache.hpp"
+#include "memory/parallel_copy.hpp"
 
 #include <backplane/log.hpp>
+
+#include <boost/container/small_vector.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -13,6 +16,8 @@ namespace {
 
 // Foreign buffers held by a stream before it is flushed with an event just to release them.
 constexpr size_t kMaxPendingHolds = 256;
+// Launches with up to this many bindings keep their bookkeeping on the stack.
+constexpr size_t kInlineBindings = 16;
 
 uint64_t fnv1a(const void *data, size_t size, uint64_t h = 1469598103934665603ull) {
     const auto *p = static_cast<const unsigned char *>(data);
@@ -95,10 +100,11 @@ template <class Op>
 void ComputeServer::submit(uint32_t slot, std::span<const std::shared_ptr<Slice> *const> slices,
                            Op &&op, Hold extraHold) {
     if (multi_) {
-        std::vector<BindingUse> uses;
+        boost::container::small_vector<BindingUse, kInlineBindings> uses;
         for (const auto *s : slices)
             if ((*s)->lastSlot != slot) uses.push_back({(*s)->lastSlot, (*s)->lastCursor, *s});
-        MultiStream::Resolved resolved = multi_->resolve(slot, uses);
+        MultiStream::Resolved resolved =
+            multi_->resolve(slot, std::span<const BindingUse>(uses.data(), uses.size()));
         op(static_cast<bp_stream *>(resolved.stream));
         StreamSlot &state = multi_->slot(slot);
         for (const auto *s : slices) {
@@ -296,7 +302,7 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, const void *dat
             ring.inFlight[k].reset();
         }
         PinnedBlock &block = *ring.blocks[k];
-        std::memcpy(block.data(), src + done, n);
+        ParallelCopy::shared().copy(block.data(), src + done, n);
         submit(slot, slices, [&](bp_stream *s) {
             driver->copyHostToDevice(s, block.data(), memory, base + done, n);
         });
@@ -323,9 +329,8 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, const PinnedBuf
            data.block_);
 }
 
-std::vector<std::byte> ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice,
-                                                 uint64_t offset, uint64_t size) {
-    std::vector<std::byte> out(size);
+void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                               uint64_t size, std::byte *out) {
     StagingRing &ring = stagingRing(slot);
     const uint64_t chunk = ring.blocks[0]->size();
     const std::shared_ptr<Slice> *slices[] = {&slice};
@@ -337,7 +342,7 @@ std::vector<std::byte> ComputeServer::readStaged(uint32_t slot, const std::share
         events[k]->wait();
         events[k].reset();
         const uint64_t at = i * chunk;
-        std::memcpy(out.data() + at, ring.blocks[k]->data(), std::min(chunk, size - at));
+        ParallelCopy::shared().copy(out + at, ring.blocks[k]->data(), std::min(chunk, size - at));
     };
     for (uint64_t i = 0; i < count; ++i) {
         const size_t k = i % 2;
@@ -355,7 +360,31 @@ std::vector<std::byte> ComputeServer::readStaged(uint32_t slot, const std::share
         if (i >= 1) drainChunk(i - 1); // chunk i is in flight while chunk i-1 is copied out
     }
     drainChunk(count - 1);
-    return out;
+}
+
+void ComputeServer::read(StreamId stream, const Buffer &buffer, void *into, uint64_t size,
+                         uint64_t offset) {
+    const auto &slice = sliceOf(buffer, "read");
+    if (offset + size > slice->size)
+        throw Error(ErrorCode::InvalidArgument,
+                    "read of " + std::to_string(size) + " bytes at offset " +
+                        std::to_string(offset) + " overruns a buffer of " +
+                        std::to_string(slice->size) + " bytes");
+    if (size == 0) return;
+    std::lock_guard lock(mutex_);
+    const uint32_t slot = slotOf(stream);
+    if (!multi_) {
+        const std::shared_ptr<Slice> *slices[] = {&slice};
+        Driver *driver = driver_.get();
+        bp_memory *memory = slice->memory;
+        const uint64_t base = slice->offset + offset;
+        submit(slot, slices, [driver, memory, base, into, size](bp_stream *s) {
+            driver->copyDeviceToHost(s, memory, base, into, size);
+        });
+        syncLocked(slot);
+        return;
+    }
+    readStaged(slot, slice, offset, size, static_cast<std::byte *>(into));
 }
 
 ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t offset,
@@ -394,7 +423,8 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
             return out;
         });
     }
-    auto out = std::make_shared<std::vector<std::byte>>(readStaged(slot, slice, offset, size));
+    auto out = std::make_shared<std::vector<std::byte>>(size);
+    readStaged(slot, slice, offset, size, out->data());
     return ReadFuture([out] { return std::move(*out); });
 }
 
@@ -546,8 +576,8 @@ void ComputeServer::prepare(const KernelSource &kernel) {
 
 void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                             const Dispatch &dispatch) {
-    std::vector<const std::shared_ptr<Slice> *> slices;
-    slices.reserve(dispatch.bindings.size() + 1);
+    // The launch path allocates nothing on the heap for up to kInlineBindings buffers.
+    boost::container::small_vector<const std::shared_ptr<Slice> *, kInlineBindings + 1> slices;
     for (const Buffer &b : dispatch.bindings) slices.push_back(&sliceOf(b, "execute"));
     if (dispatch.gridBuffer) {
         if (!driver_->hasCapability(BP_CAPABILITY_INDIRECT_DISPATCH))
@@ -561,19 +591,12 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     bp_kernel *handle = kernelFor(kernel).kernel.get();
     const uint32_t slot = slotOf(stream);
 
-    struct LaunchData {
-        std::vector<bp_binding> bindings;
-        std::vector<std::byte> scalars;
-        bp_launch_args args{};
-    };
-    auto data = std::make_shared<LaunchData>();
-    data->bindings.reserve(dispatch.bindings.size());
+    boost::container::small_vector<bp_binding, kInlineBindings> bindings;
     for (size_t i = 0; i < dispatch.bindings.size(); ++i) {
         const Slice &s = **slices[i];
-        data->bindings.push_back({s.memory, s.offset, s.size});
+        bindings.push_back({s.memory, s.offset, s.size});
     }
-    data->scalars = dispatch.scalars;
-    bp_launch_args &args = data->args;
+    bp_launch_args args{};
     args.struct_size = sizeof(args);
     args.kernel = handle;
     std::copy(dispatch.grid.begin(), dispatch.grid.end(), args.grid);
@@ -583,20 +606,31 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
         args.grid_memory = g.memory;
         args.grid_offset = g.offset + dispatch.gridOffset;
     }
-    args.binding_count = static_cast<uint32_t>(data->bindings.size());
+    args.binding_count = static_cast<uint32_t>(bindings.size());
     args.shared_memory_bytes = dispatch.sharedMemoryBytes;
-    args.scalar_size = data->scalars.size();
+    args.scalar_size = dispatch.scalars.size();
     Driver *driver = driver_.get();
-    const std::string *name = &kernel.name;
     if (multi_) {
-        submit(slot, slices, [&](bp_stream *s) {
-            args.bindings = data->bindings.data();
-            args.scalars = data->scalars.empty() ? nullptr : data->scalars.data();
-            driver->launch(s, args, *name);
+        // Recorded right away: the plugin copies what it needs during the call.
+        submit(slot, std::span(slices.data(), slices.size()), [&](bp_stream *s) {
+            args.bindings = bindings.data();
+            args.scalars = dispatch.scalars.empty() ? nullptr : dispatch.scalars.data();
+            driver->launch(s, args, kernel.name);
         });
         return;
     }
-    submit(slot, slices, [driver, data, name = kernel.name](bp_stream *s) {
+    // Scheduler streams run the launch later: it owns copies of everything it points to.
+    struct LaunchData {
+        std::vector<bp_binding> bindings;
+        std::vector<std::byte> scalars;
+        bp_launch_args args{};
+    };
+    auto data = std::make_shared<LaunchData>();
+    data->bindings.assign(bindings.begin(), bindings.end());
+    data->scalars = dispatch.scalars;
+    data->args = args;
+    submit(slot, std::span(slices.data(), slices.size()),
+           [driver, data, name = kernel.name](bp_stream *s) {
         data->args.bindings = data->bindings.data();
         data->args.scalars = data->scalars.empty() ? nullptr : data->scalars.data();
         driver->launch(s, data->args, name);

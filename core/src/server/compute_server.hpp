@@ -85,6 +85,7 @@ public:
     void write(StreamId stream, const Buffer &buffer, const PinnedBuffer &data, uint64_t size,
                uint64_t offset);
     ReadFuture read(StreamId stream, const Buffer &buffer, uint64_t offset, uint64_t size);
+    void read(StreamId stream, const Buffer &buffer, void *into, uint64_t size, uint64_t offset);
     void read(StreamId stream, const Buffer &buffer, const PinnedBuffer &into, uint64_t size,
               uint64_t offset);
     void copy(StreamId stream, const Buffer &src, uint64_t srcOffset, const Buffer &dst,
@@ -144,8 +145,8 @@ private:
     std::shared_ptr<PinnedBlock> pinnedBlock(size_t size);
     void recyclePinned(std::shared_ptr<PinnedBlock> block);
     StagingRing &stagingRing(uint32_t slot);
-    std::vector<std::byte> readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice,
-                                      uint64_t offset, uint64_t size);
+    void readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                    uint64_t size, std::byte *out);
     EventPtr flushEvent(uint32_t slot);
 
     const LoadedKernel &kernelFor(const KernelSource &kernel);
