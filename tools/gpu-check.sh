@@ -46,7 +46,8 @@ python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests
 
 sanitizer=/usr/local/cuda/bin/compute-sanitizer
 if [ -x $sanitizer ] && [ -x /work/main/$build/tests/conformance/conformance_test ]; then
-    BACKPLANE_CONFORMANCE_PLUGIN=cuda timeout 400 $sanitizer --tool memcheck --error-exitcode 9 \
+    BACKPLANE_CONFORMANCE_PLUGIN=cuda \
+        BACKPLANE_CONFORMANCE_LIBRARY=/work/main/$build/plugins/cuda/libbackplane_cuda.so timeout 400 $sanitizer --tool memcheck --error-exitcode 9 \
         /work/main/$build/tests/conformance/conformance_test > "$OUT/memcheck.log" 2>&1
     echo "memcheck conformance(cuda): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" | tee -a "$OUT/tests.txt"
     tail -5 "$OUT/memcheck.log"

@@ -7,6 +7,7 @@ def main():
     tests_json, log_path = sys.argv[1], sys.argv[2]
     suites = [a for i, a in enumerate(sys.argv) if i > 0 and sys.argv[i - 1] == "--suite"]
     tests = json.load(open(tests_json))
+    build_dir = os.path.dirname(os.path.abspath(tests_json))  # meson runs tests there
     failed = 0
     with open(log_path, "w") as log:
         for t in tests:
@@ -17,7 +18,7 @@ def main():
             env.update(t.get("env", {}))
             start = time.time()
             try:
-                p = subprocess.run(t["cmd"], env=env, cwd=t.get("workdir") or None,
+                p = subprocess.run(t["cmd"], env=env, cwd=t.get("workdir") or build_dir,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    timeout=(t.get("timeout") or 300) * 2)
                 rc, out = p.returncode, p.stdout.decode(errors="replace")

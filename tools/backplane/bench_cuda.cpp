@@ -612,10 +612,10 @@ void run(void *driver, const BenchOptions &options, BenchRows &rows) {
             gigabytes / runtimeWrite, gigabytes / rawPinnedWrite, "GB/s", ">= 0.85x");
         row("host->device 256 MiB, GB/s: write(std::vector)+sync vs raw pageable cuMemcpyHtoD",
             gigabytes / runtimeWrite, gigabytes / rawPageableWrite, "GB/s", "");
-        row("device->host 256 MiB, GB/s: read().wait() into a new vector vs raw pinned "
+        row("device->host 256 MiB, GB/s: read(into std::vector) vs raw pinned "
             "cuMemcpyDtoHAsync",
             gigabytes / runtimeRead, gigabytes / rawPinnedRead, "GB/s", ">= 0.85x");
-        row("device->host 256 MiB, GB/s: read().wait() vs raw pageable cuMemcpyDtoH",
+        row("device->host 256 MiB, GB/s: read(into std::vector) vs raw pageable cuMemcpyDtoH",
             gigabytes / runtimeRead, gigabytes / rawPageableRead, "GB/s", "");
     }
 

@@ -567,7 +567,7 @@ void run(const BenchOptions &options, BenchRows &rows) {
             row("device->device copy 256 MiB: compute-shader copy (raw) vs vkCmdCopyBuffer (raw)",
                 bytes / shaderCopy, bytes / rawCopy, "GB/s", "");
         } else {
-            std::printf("vulkan: device cannot allocate 256 MiB; copy rows skipped\n");
+            std::fprintf(stderr, "vulkan: device cannot allocate 256 MiB; copy rows skipped\n");
         }
     }
 
@@ -631,7 +631,7 @@ void benchVulkan(const BenchOptions &options, BenchRows &rows) {
     try {
         run(options, rows);
     } catch (const std::exception &e) {
-        std::printf("vulkan: suite skipped: %s\n", e.what());
+        std::fprintf(stderr, "vulkan: suite skipped: %s\n", e.what());
     }
 }
 

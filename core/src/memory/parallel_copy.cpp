@@ -8,7 +8,7 @@ namespace backplane::detail {
 namespace {
 // Below this a single memcpy is faster than waking threads.
 constexpr size_t kParallelThreshold = 2u << 20;
-constexpr size_t kMinPart = 1u << 20;
+constexpr size_t kMinPart = 512u << 10;
 } // namespace
 
 ParallelCopy::ParallelCopy(unsigned threads) {
@@ -27,7 +27,7 @@ ParallelCopy::~ParallelCopy() {
 ParallelCopy &ParallelCopy::shared() {
     // Leaked on purpose: staging may still run while static destructors do.
     static auto *pool = new ParallelCopy(
-        std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u) - 1);
+        std::clamp(std::thread::hardware_concurrency() * 3 / 4, 1u, 16u) - 1);
     return *pool;
 }
 

@@ -24,7 +24,7 @@ public:
     /// Copies `size` bytes; returns when done. Small copies run on the calling thread.
     void copy(void *dst, const void *src, size_t size);
 
-    /// The process-wide pool: min(hardware threads / 2, 8) threads, at least 1.
+    /// The process-wide pool: 3/4 of the hardware threads (at most 16), the caller included.
     static ParallelCopy &shared();
 
 private:
