@@ -18,10 +18,20 @@ bool overlaps(const BufferRange &a, const BufferRange &b) {
     return a.buffer == b.buffer && a.begin < b.end && b.begin < a.end;
 }
 
-bool overlapsAny(const BufferRange &range, const std::vector<BufferRange> &set) {
-    return std::any_of(set.begin(), set.end(),
-                       [&](const BufferRange &r) { return overlaps(range, r); });
-}
+// What each stage class stands for in a barrier: its stages, the accesses a later command of
+// the class makes (destination), and the write access an earlier one made (source).
+struct StageClassFlags {
+    VkPipelineStageFlags stages;
+    VkAccessFlags dstAccess;
+    VkAccessFlags writeAccess;
+};
+constexpr std::array<StageClassFlags, kStageClassCount> kStageClassFlags{{
+    {VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+     VK_ACCESS_SHADER_WRITE_BIT},
+    {VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, VK_ACCESS_INDIRECT_COMMAND_READ_BIT, 0},
+    {VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+     VK_ACCESS_TRANSFER_WRITE_BIT},
+}};
 
 VulkanMemory &memoryOf(bp_memory *memory) { return sdk::as<VulkanMemory>(memory); }
 
@@ -198,40 +208,77 @@ VkCommandBuffer VulkanStream::record() {
         begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
         device_.check(device_.fn().vkBeginCommandBuffer(slot_->commands, &begin),
                       "vkBeginCommandBuffer");
+        bound_.clear();
     }
     return slot_->commands;
 }
 
-void VulkanStream::fullBarrier(VkCommandBuffer commands) {
-    auto barrier = vkStruct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-    barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-    barrier.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
-                            VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
-                            VK_ACCESS_INDIRECT_COMMAND_READ_BIT;
-    device_.fn().vkCmdPipelineBarrier(
-        commands, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT |
-            VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
-        0, 1, &barrier, 0, nullptr, 0, nullptr);
+void VulkanStream::notePending(std::vector<PendingAccess> &pending, const BufferRange &range,
+                               VkPipelineStageFlags stages, VkAccessFlags writes) {
+    // The same range used again (the common case: a kernel over the same buffers) widens its
+    // entry instead of growing the list.
+    for (PendingAccess &p : pending)
+        if (p.range.buffer == range.buffer && p.range.begin == range.begin &&
+            p.range.end == range.end) {
+            p.stages |= stages;
+            p.writes |= writes;
+            return;
+        }
+    pending.push_back({range, stages, writes});
 }
 
-void VulkanStream::orderAccess(const BufferRange *reads, size_t readCount,
-                               const BufferRange *writes, size_t writeCount) {
+void VulkanStream::orderAccess(StageClass stage, const BufferRange *reads, size_t readCount,
+                               const BufferRange *writes, size_t writeCount,
+                               const BufferRange *indirectRead) {
     // Ranges stay tracked across submits of this stream: its batches go to one queue, and a
     // barrier in a later batch orders against earlier batches in submission order.
-    bool hazard = reads_.size() + writes_.size() > kMaxTrackedRanges;
-    for (size_t i = 0; i < readCount && !hazard; ++i) hazard = overlapsAny(reads[i], writes_);
-    for (size_t i = 0; i < writeCount && !hazard; ++i)
-        hazard = overlapsAny(writes[i], writes_) || overlapsAny(writes[i], reads_);
+    const auto conflicts = [this](StageClass c, const BufferRange &range, bool write) {
+        for (const PendingAccess &p : pending_[static_cast<size_t>(c)])
+            if ((write || p.writes != 0) && overlaps(range, p.range)) return true;
+        return false;
+    };
+    uint32_t hazards = 0; // bit per stage class whose pending accesses must be ordered first
+    const uint32_t bit = 1u << static_cast<uint32_t>(stage);
+    for (size_t i = 0; i < readCount && !(hazards & bit); ++i)
+        if (conflicts(stage, reads[i], false)) hazards |= bit;
+    for (size_t i = 0; i < writeCount && !(hazards & bit); ++i)
+        if (conflicts(stage, writes[i], true)) hazards |= bit;
+    if (indirectRead != nullptr && conflicts(StageClass::Indirect, *indirectRead, false))
+        hazards |= 1u << static_cast<uint32_t>(StageClass::Indirect);
+    // Above this many tracked ranges a barrier is cheaper than the bookkeeping.
+    for (size_t c = 0; c < kStageClassCount; ++c)
+        if (pending_[c].size() > kMaxTrackedRanges) hazards |= 1u << c;
+
     VkCommandBuffer commands = record();
-    if (hazard) {
-        fullBarrier(commands);
-        reads_.clear();
-        writes_.clear();
+    if (hazards != 0) {
+        VkPipelineStageFlags srcStages = 0, dstStages = 0;
+        auto barrier = vkStruct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+        for (size_t c = 0; c < kStageClassCount; ++c) {
+            if (!(hazards & (1u << c))) continue;
+            for (const PendingAccess &p : pending_[c]) {
+                srcStages |= p.stages;
+                barrier.srcAccessMask |= p.writes;
+            }
+            dstStages |= kStageClassFlags[c].stages;
+            barrier.dstAccessMask |= kStageClassFlags[c].dstAccess;
+            pending_[c].clear();
+        }
+        device_.fn().vkCmdPipelineBarrier(commands, srcStages, dstStages, 0, 1, &barrier, 0,
+                                          nullptr, 0, nullptr);
     }
-    reads_.insert(reads_.end(), reads, reads + readCount);
-    writes_.insert(writes_.end(), writes, writes + writeCount);
-    if (writeCount > 0) batchWrites_ = true;
+    // Every access stays pending for each stage class until a barrier towards that class.
+    const StageClassFlags &flags = kStageClassFlags[static_cast<size_t>(stage)];
+    for (auto &pending : pending_) {
+        for (size_t i = 0; i < readCount; ++i) notePending(pending, reads[i], flags.stages, 0);
+        for (size_t i = 0; i < writeCount; ++i)
+            notePending(pending, writes[i], flags.stages, flags.writeAccess);
+        if (indirectRead != nullptr)
+            notePending(pending, *indirectRead, VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, 0);
+    }
+    if (writeCount > 0) {
+        batchWriteStages_ |= flags.stages;
+        batchWriteAccess_ |= flags.writeAccess;
+    }
 }
 
 void VulkanStream::commandRecorded() {
@@ -249,15 +296,13 @@ int32_t VulkanStream::submit(bool timing) {
                                static_cast<uint32_t>(querySlot));
     }
     if (slot_) {
-        if (batchWrites_) {
+        if (batchWriteStages_ != 0) {
             // Device writes become visible to host reads after the semaphore wait.
             auto barrier = vkStruct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-            barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+            barrier.srcAccessMask = batchWriteAccess_;
             barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-            fn.vkCmdPipelineBarrier(
-                slot_->commands,
-                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, nullptr, 0, nullptr);
+            fn.vkCmdPipelineBarrier(slot_->commands, batchWriteStages_, VK_PIPELINE_STAGE_HOST_BIT,
+                                    0, 1, &barrier, 0, nullptr, 0, nullptr);
         }
         device_.check(fn.vkEndCommandBuffer(slot_->commands), "vkEndCommandBuffer");
     }
@@ -298,7 +343,8 @@ int32_t VulkanStream::submit(bool timing) {
     }
     waits_.clear();
     commandCount_ = 0;
-    batchWrites_ = false;
+    batchWriteStages_ = 0;
+    batchWriteAccess_ = 0;
     return querySlot;
 }
 
@@ -705,7 +751,7 @@ void VulkanDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_d
     }
     const BufferRange read{src->buffer(), srcOffset, srcOffset + args.size};
     const BufferRange write{dst.buffer(), args.dst_offset, args.dst_offset + args.size};
-    s.orderAccess(&read, 1, &write, 1);
+    s.orderAccess(StageClass::Transfer, &read, 1, &write, 1);
     const VkBufferCopy region{srcOffset, args.dst_offset, args.size};
     fn_.vkCmdCopyBuffer(s.record(), src->buffer(), dst.buffer(), 1, &region);
     s.commandRecorded();
@@ -724,7 +770,7 @@ void VulkanDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to
     const BufferRange read{src.buffer(), args.src_offset, args.src_offset + args.size};
     if (dst != nullptr) {
         const BufferRange write{dst->buffer(), dstOffset, dstOffset + args.size};
-        s.orderAccess(&read, 1, &write, 1);
+        s.orderAccess(StageClass::Transfer, &read, 1, &write, 1);
         const VkBufferCopy region{args.src_offset, dstOffset, args.size};
         fn_.vkCmdCopyBuffer(s.record(), src.buffer(), dst->buffer(), 1, &region);
         s.commandRecorded();
@@ -739,7 +785,7 @@ void VulkanDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to
         const BufferRange chunkRead{src.buffer(), args.src_offset + done,
                                     args.src_offset + done + chunk};
         const BufferRange write{staging.memory->buffer(), staging.offset, staging.offset + chunk};
-        s.orderAccess(&chunkRead, 1, &write, 1);
+        s.orderAccess(StageClass::Transfer, &chunkRead, 1, &write, 1);
         const VkBufferCopy region{args.src_offset + done, staging.offset, chunk};
         fn_.vkCmdCopyBuffer(s.record(), src.buffer(), staging.memory->buffer(), 1, &region);
         s.submit(false);
@@ -781,7 +827,7 @@ void VulkanDevice::copyDeviceToDevice(sdk::Stream &stream,
     }
     const BufferRange read{src.buffer(), args.src_offset, args.src_offset + args.size};
     const BufferRange write{dst.buffer(), args.dst_offset, args.dst_offset + args.size};
-    s.orderAccess(&read, 1, &write, 1);
+    s.orderAccess(StageClass::Transfer, &read, 1, &write, 1);
     const VkBufferCopy region{args.src_offset, args.dst_offset, args.size};
     fn_.vkCmdCopyBuffer(s.record(), src.buffer(), dst.buffer(), 1, &region);
     s.commandRecorded();
@@ -843,7 +889,7 @@ void VulkanDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
                          "fill: offset and size must be multiples of 4 (vkCmdFillBuffer)");
     if (args.size == 0) return;
     const BufferRange write{dst.buffer(), args.offset, args.offset + args.size};
-    s.orderAccess(nullptr, 0, &write, 1);
+    s.orderAccess(StageClass::Transfer, nullptr, 0, &write, 1);
     fn_.vkCmdFillBuffer(s.record(), dst.buffer(), args.offset, args.size, args.pattern);
     s.commandRecorded();
 }
@@ -855,64 +901,55 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "kernel_launch: kernel is NULL");
     auto &kernel = sdk::as<VulkanKernel>(args.kernel);
     const bp_device_info &info = physical_.info;
-    const std::string name = "kernel_launch of '" + kernel.entryPoint() + "'";
+    // Messages are built only on failure: this is the per-dispatch path.
+    const auto fail = [&](bp_status status, const std::string &detail) {
+        throw sdk::Error(status, "kernel_launch of '" + kernel.entryPoint() + "': " + detail);
+    };
     if (args.binding_count > info.max_bindings)
-        throw sdk::Error(BP_ERROR_LAUNCH, name + ": " + std::to_string(args.binding_count) +
-                                              " bindings, the device allows " +
-                                              std::to_string(info.max_bindings));
+        fail(BP_ERROR_LAUNCH, std::to_string(args.binding_count) +
+                                  " bindings, the device allows " +
+                                  std::to_string(info.max_bindings));
     if (args.scalar_size > info.max_scalar_bytes)
-        throw sdk::Error(BP_ERROR_LAUNCH, name + ": " + std::to_string(args.scalar_size) +
-                                              " scalar bytes exceed the push-constant limit of " +
-                                              std::to_string(info.max_scalar_bytes));
+        fail(BP_ERROR_LAUNCH, std::to_string(args.scalar_size) +
+                                  " scalar bytes exceed the push-constant limit of " +
+                                  std::to_string(info.max_scalar_bytes));
     uint64_t threads = 1;
     for (int i = 0; i < 3; ++i) {
         if (args.block[i] == 0 || args.block[i] > info.max_block_size[i])
-            throw sdk::Error(BP_ERROR_LAUNCH, name + ": block dimension " + std::to_string(i) +
-                                                  " is " + std::to_string(args.block[i]) +
-                                                  " (allowed 1.." +
-                                                  std::to_string(info.max_block_size[i]) + ")");
+            fail(BP_ERROR_LAUNCH, "block dimension " + std::to_string(i) + " is " +
+                                      std::to_string(args.block[i]) + " (allowed 1.." +
+                                      std::to_string(info.max_block_size[i]) + ")");
         threads *= args.block[i];
         if (args.grid_memory == nullptr && args.grid[i] > info.max_grid_size[i])
-            throw sdk::Error(BP_ERROR_LAUNCH, name + ": grid dimension " + std::to_string(i) +
-                                                  " exceeds " +
-                                                  std::to_string(info.max_grid_size[i]));
+            fail(BP_ERROR_LAUNCH, "grid dimension " + std::to_string(i) + " exceeds " +
+                                      std::to_string(info.max_grid_size[i]));
     }
     if (threads > info.max_block_threads)
-        throw sdk::Error(BP_ERROR_LAUNCH, name + ": " + std::to_string(threads) +
-                                              " threads per block exceed " +
-                                              std::to_string(info.max_block_threads));
+        fail(BP_ERROR_LAUNCH, std::to_string(threads) + " threads per block exceed " +
+                                  std::to_string(info.max_block_threads));
 
-    std::array<BufferRange, 32> writes{};
-    std::array<VkDescriptorBufferInfo, 32> buffers{};
-    std::array<VkWriteDescriptorSet, 32> descriptorWrites{};
+    std::array<BufferRange, 32> writes;
+    std::array<VkDescriptorBufferInfo, 32> buffers;
     for (uint32_t i = 0; i < args.binding_count; ++i) {
         const bp_binding &b = args.bindings[i];
         if (b.memory == nullptr)
-            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
-                             name + ": binding " + std::to_string(i) + " has no memory");
+            fail(BP_ERROR_INVALID_ARGUMENT, "binding " + std::to_string(i) + " has no memory");
         VulkanMemory &memory = memoryOf(b.memory);
         const uint64_t size = b.size == 0 ? memory.size() - std::min(b.offset, memory.size())
                                           : b.size;
         checkRange(memory, b.offset, size, "kernel_launch binding");
         if (b.offset % info.binding_alignment != 0)
-            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
-                             name + ": binding " + std::to_string(i) + " offset " +
-                                 std::to_string(b.offset) + " is not a multiple of " +
-                                 std::to_string(info.binding_alignment));
+            fail(BP_ERROR_INVALID_ARGUMENT,
+                 "binding " + std::to_string(i) + " offset " + std::to_string(b.offset) +
+                     " is not a multiple of " + std::to_string(info.binding_alignment));
         if (size > physical_.maxStorageBufferRange)
-            throw sdk::Error(BP_ERROR_LAUNCH, name + ": binding " + std::to_string(i) + " of " +
-                                                  std::to_string(size) +
-                                                  " bytes exceeds maxStorageBufferRange " +
-                                                  std::to_string(physical_.maxStorageBufferRange));
+            fail(BP_ERROR_LAUNCH, "binding " + std::to_string(i) + " of " +
+                                      std::to_string(size) +
+                                      " bytes exceeds maxStorageBufferRange " +
+                                      std::to_string(physical_.maxStorageBufferRange));
         // Kernels may write any binding: each counts as a write for the barrier rule.
         writes[i] = {memory.buffer(), b.offset, b.offset + size};
         buffers[i] = {memory.buffer(), b.offset, size};
-        VkWriteDescriptorSet &w = descriptorWrites[i];
-        w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
-        w.dstBinding = i;
-        w.descriptorCount = 1;
-        w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-        w.pBufferInfo = &buffers[i];
     }
     BufferRange gridRead{};
     VulkanMemory *grid = nullptr;
@@ -920,38 +957,72 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
         grid = &memoryOf(args.grid_memory);
         checkRange(*grid, args.grid_offset, 12, "kernel_launch grid_memory");
         if (args.grid_offset % 4 != 0)
-            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
-                             name + ": grid_offset must be a multiple of 4");
+            fail(BP_ERROR_INVALID_ARGUMENT, "grid_offset must be a multiple of 4");
         gridRead = {grid->buffer(), args.grid_offset, args.grid_offset + 12};
     }
 
-    const VkPipeline pipeline =
+    const KernelPipeline &pipeline =
         kernel.pipeline(args.block, args.binding_count, args.shared_memory_bytes);
-    const auto [setLayout, pipelineLayout] = layout(args.binding_count);
-    s.orderAccess(grid ? &gridRead : nullptr, grid ? 1 : 0, writes.data(), args.binding_count);
+    s.orderAccess(StageClass::Compute, nullptr, 0, writes.data(), args.binding_count,
+                  grid ? &gridRead : nullptr);
     VkCommandBuffer commands = s.record();
-    fn_.vkCmdBindPipeline(commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
-    if (args.binding_count > 0) {
+    // Record only the state that differs from what this command buffer has bound already:
+    // pipeline, descriptors (same layout and buffers) and push constants (same layout and bytes)
+    // all persist across dispatches of one command buffer.
+    BoundComputeState &bound = s.bound();
+    if (bound.pipeline != pipeline.pipeline) {
+        fn_.vkCmdBindPipeline(commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.pipeline);
+        bound.pipeline = pipeline.pipeline;
+    }
+    const size_t bufferBytes = args.binding_count * sizeof(VkDescriptorBufferInfo);
+    if (args.binding_count > 0 &&
+        (bound.descriptorLayout != pipeline.layout || bound.bindingCount != args.binding_count ||
+         std::memcmp(bound.buffers.data(), buffers.data(), bufferBytes) != 0)) {
+        std::array<VkWriteDescriptorSet, 32> descriptorWrites;
+        for (uint32_t i = 0; i < args.binding_count; ++i) {
+            VkWriteDescriptorSet &w = descriptorWrites[i];
+            w = vkStruct<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
+            w.dstBinding = i;
+            w.descriptorCount = 1;
+            w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+            w.pBufferInfo = &buffers[i];
+        }
         if (physical_.pushDescriptor) {
-            fn_.vkCmdPushDescriptorSetKHR(commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipelineLayout,
-                                          0, args.binding_count, descriptorWrites.data());
+            fn_.vkCmdPushDescriptorSetKHR(commands, VK_PIPELINE_BIND_POINT_COMPUTE,
+                                          pipeline.layout, 0, args.binding_count,
+                                          descriptorWrites.data());
         } else {
-            const VkDescriptorSet set = s.allocateDescriptorSet(setLayout);
+            const VkDescriptorSet set = s.allocateDescriptorSet(pipeline.setLayout);
             for (uint32_t i = 0; i < args.binding_count; ++i) descriptorWrites[i].dstSet = set;
             fn_.vkUpdateDescriptorSets(device_, args.binding_count, descriptorWrites.data(), 0,
                                        nullptr);
-            fn_.vkCmdBindDescriptorSets(commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipelineLayout,
+            fn_.vkCmdBindDescriptorSets(commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
                                         0, 1, &set, 0, nullptr);
         }
+        bound.descriptorLayout = pipeline.layout;
+        bound.bindingCount = args.binding_count;
+        std::memcpy(bound.buffers.data(), buffers.data(), bufferBytes);
     }
     if (args.scalar_size > 0 && args.scalars != nullptr) {
-        // vkCmdPushConstants takes multiples of 4 bytes.
-        std::array<unsigned char, 4096> scalars{};
-        const size_t padded = (args.scalar_size + 3) & ~size_t{3};
-        std::memcpy(scalars.data(), args.scalars, args.scalar_size);
-        fn_.vkCmdPushConstants(commands, pipelineLayout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                               static_cast<uint32_t>(std::min<size_t>(padded, info.max_scalar_bytes)),
-                               scalars.data());
+        // vkCmdPushConstants takes multiples of 4 bytes; the padding stays zero.
+        const auto padded = static_cast<uint32_t>(
+            std::min<size_t>((args.scalar_size + 3) & ~size_t{3}, info.max_scalar_bytes));
+        const auto paddingIsZero = [&] {
+            for (size_t i = args.scalar_size; i < padded; ++i)
+                if (bound.scalars[i] != 0) return false;
+            return true;
+        };
+        if (bound.scalarLayout != pipeline.layout || bound.scalarBytes != padded ||
+            std::memcmp(bound.scalars.data(), args.scalars, args.scalar_size) != 0 ||
+            !paddingIsZero()) {
+            std::memcpy(bound.scalars.data(), args.scalars, args.scalar_size);
+            if (padded > args.scalar_size)
+                std::memset(bound.scalars.data() + args.scalar_size, 0, padded - args.scalar_size);
+            fn_.vkCmdPushConstants(commands, pipeline.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                   padded, bound.scalars.data());
+            bound.scalarLayout = pipeline.layout;
+            bound.scalarBytes = padded;
+        }
     }
     if (grid != nullptr)
         fn_.vkCmdDispatchIndirect(commands, grid->buffer(), args.grid_offset);

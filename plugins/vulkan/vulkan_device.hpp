@@ -149,6 +149,14 @@ private:
     int32_t querySlot_;
 };
 
+/// One compute pipeline of a kernel with the layouts it was created with. Immutable once made.
+struct KernelPipeline {
+    std::array<uint32_t, 5> key{}; ///< block x, y, z, binding count, shared bytes
+    VkPipeline pipeline = VK_NULL_HANDLE;
+    VkDescriptorSetLayout setLayout = VK_NULL_HANDLE; ///< owned by the device (layout cache)
+    VkPipelineLayout layout = VK_NULL_HANDLE;         ///< owned by the device (layout cache)
+};
+
 /// A loaded SPIR-V module and its pipelines, one per (block size, binding count, shared bytes).
 class VulkanKernel : public sdk::Kernel {
 public:
@@ -158,8 +166,10 @@ public:
     VulkanKernel &operator=(const VulkanKernel &) = delete;
 
     /// The pipeline for this launch shape, created (through the device's VkPipelineCache) on
-    /// first use. Thread-safe.
-    VkPipeline pipeline(const uint32_t block[3], uint32_t bindingCount, uint32_t sharedBytes);
+    /// first use. Thread-safe; a launch with the same shape as the previous one takes no lock.
+    /// The reference stays valid for the kernel's life.
+    const KernelPipeline &pipeline(const uint32_t block[3], uint32_t bindingCount,
+                                   uint32_t sharedBytes);
     const std::string &entryPoint() const noexcept { return entryPoint_; }
 
 private:
@@ -168,7 +178,8 @@ private:
     std::string spirvEntryPoint_; ///< the OpEntryPoint the pipeline uses
     VkShaderModule module_ = VK_NULL_HANDLE;
     std::mutex mutex_;
-    std::map<std::array<uint32_t, 5>, VkPipeline> pipelines_;
+    std::map<std::array<uint32_t, 5>, KernelPipeline> pipelines_; ///< nodes never move
+    std::atomic<const KernelPipeline *> last_{nullptr};           ///< the latest one used
 };
 
 /// A byte range of one buffer, for the barrier rule.
@@ -176,6 +187,35 @@ struct BufferRange {
     VkBuffer buffer;
     uint64_t begin;
     uint64_t end;
+};
+
+/// The groups of pipeline stages the barrier rule orders separately, so that a barrier names
+/// only the stages of the commands it separates (a dispatch after a dispatch: compute shader to
+/// compute shader, as hand-written Vulkan does).
+enum class StageClass : uint8_t {
+    Compute,  ///< shader reads and writes of dispatches
+    Indirect, ///< the grid read of an indirect dispatch
+    Transfer, ///< copies and fills
+};
+inline constexpr size_t kStageClassCount = 3;
+
+/// Compute state recorded into the open command buffer. Vulkan keeps it for the command
+/// buffer's life, so a launch re-records only what differs from the previous one.
+struct BoundComputeState {
+    VkPipeline pipeline = VK_NULL_HANDLE;
+    VkPipelineLayout descriptorLayout = VK_NULL_HANDLE; ///< layout the descriptors went with
+    uint32_t bindingCount = 0;
+    std::array<VkDescriptorBufferInfo, 32> buffers{};
+    VkPipelineLayout scalarLayout = VK_NULL_HANDLE; ///< layout the push constants went with
+    uint32_t scalarBytes = 0;                       ///< pushed bytes (a multiple of 4)
+    std::array<unsigned char, 4096> scalars{};      ///< max_scalar_bytes is at most 4096
+
+    /// Forgets everything (a new command buffer starts with nothing bound).
+    void clear() noexcept {
+        pipeline = VK_NULL_HANDLE;
+        descriptorLayout = scalarLayout = VK_NULL_HANDLE;
+        bindingCount = scalarBytes = 0;
+    }
 };
 
 /// A stream: records into a command buffer, submits in batches, signals its timeline.
@@ -191,10 +231,16 @@ public:
 
     /// The command buffer to record into (begins a batch if none is open).
     VkCommandBuffer record();
-    /// Emits a global barrier when the command about to be recorded touches a range that an
-    /// earlier, still unsynchronised command wrote (or writes one it read), then notes the ranges.
-    void orderAccess(const BufferRange *reads, size_t readCount, const BufferRange *writes,
-                     size_t writeCount);
+    /// Emits a global memory barrier when the command about to be recorded (whose accesses are
+    /// in `stage`, plus an optional indirect-argument read) touches a range that an earlier,
+    /// still unordered command wrote, or writes one it read; the barrier's source is the stages
+    /// of those earlier accesses, its destination the stage classes of this command. Then notes
+    /// the command's ranges.
+    void orderAccess(StageClass stage, const BufferRange *reads, size_t readCount,
+                     const BufferRange *writes, size_t writeCount,
+                     const BufferRange *indirectRead = nullptr);
+    /// What the open command buffer has bound (valid until the next submit).
+    BoundComputeState &bound() noexcept { return bound_; }
     /// Counts one recorded command; submits when the batch bound is reached.
     void commandRecorded();
     /// Submits the open batch (and pending waits); writes a timestamp first when `timing`.
@@ -229,9 +275,16 @@ private:
         std::vector<std::unique_ptr<VulkanMemory>> staging;
         uint64_t stagingUsed = 0; ///< bytes used in staging.back()
     };
+    /// An access not yet ordered before later commands of one stage class.
+    struct PendingAccess {
+        BufferRange range;
+        VkPipelineStageFlags stages; ///< the stages that accessed it
+        VkAccessFlags writes;        ///< their write accesses (0: read only)
+    };
     Slot acquireSlot();
     void recycle(Slot &slot);
-    void fullBarrier(VkCommandBuffer commands);
+    static void notePending(std::vector<PendingAccess> &pending, const BufferRange &range,
+                            VkPipelineStageFlags stages, VkAccessFlags writes);
 
     VulkanDevice &device_;
     uint32_t queueIndex_;
@@ -242,9 +295,11 @@ private:
     std::deque<Slot> inFlight_;
     std::optional<Slot> slot_;
     uint32_t commandCount_ = 0;
-    bool batchWrites_ = false;
-    std::vector<BufferRange> reads_;
-    std::vector<BufferRange> writes_;
+    VkPipelineStageFlags batchWriteStages_ = 0; ///< stages that wrote in the open batch
+    VkAccessFlags batchWriteAccess_ = 0;
+    /// Per stage class: the accesses since the last barrier whose destination covered it.
+    std::array<std::vector<PendingAccess>, kStageClassCount> pending_;
+    BoundComputeState bound_;
     std::vector<std::pair<std::shared_ptr<Timeline>, uint64_t>> waits_;
     std::vector<std::unique_ptr<VulkanMemory>> freeStaging_;
 };

@@ -176,15 +176,24 @@ VulkanKernel::VulkanKernel(VulkanDevice &device, const bp_kernel_load_args &args
 
 VulkanKernel::~VulkanKernel() {
     const auto &fn = device_.fn();
-    for (auto &[key, pipeline] : pipelines_) fn.vkDestroyPipeline(device_.handle(), pipeline, nullptr);
+    for (auto &[key, entry] : pipelines_)
+        fn.vkDestroyPipeline(device_.handle(), entry.pipeline, nullptr);
     fn.vkDestroyShaderModule(device_.handle(), module_, nullptr);
 }
 
-VkPipeline VulkanKernel::pipeline(const uint32_t block[3], uint32_t bindingCount,
-                                  uint32_t sharedBytes) {
+const KernelPipeline &VulkanKernel::pipeline(const uint32_t block[3], uint32_t bindingCount,
+                                             uint32_t sharedBytes) {
     const std::array<uint32_t, 5> key{block[0], block[1], block[2], bindingCount, sharedBytes};
+    // Back-to-back launches of one shape skip the lock and the map: entries are immutable and
+    // live as long as the kernel.
+    if (const KernelPipeline *last = last_.load(std::memory_order_acquire);
+        last != nullptr && last->key == key)
+        return *last;
     std::lock_guard lock(mutex_);
-    if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
+    if (auto it = pipelines_.find(key); it != pipelines_.end()) {
+        last_.store(&it->second, std::memory_order_release);
+        return it->second;
+    }
 
     // Specialization constants 0, 1, 2 = block size (layout(local_size_x_id = 0, ...)), 3 = the
     // launch's dynamic shared memory bytes. Ids the shader does not declare are ignored.
@@ -203,7 +212,8 @@ VkPipeline VulkanKernel::pipeline(const uint32_t block[3], uint32_t bindingCount
     info.stage.module = module_;
     info.stage.pName = spirvEntryPoint_.c_str();
     info.stage.pSpecializationInfo = &specialization;
-    info.layout = device_.layout(bindingCount).second;
+    const auto [setLayout, pipelineLayout] = device_.layout(bindingCount);
+    info.layout = pipelineLayout;
     VkPipeline pipeline = VK_NULL_HANDLE;
     const VkResult result = device_.fn().vkCreateComputePipelines(
         device_.handle(), device_.pipelineCache(), 1, &info, nullptr, &pipeline);
@@ -214,8 +224,11 @@ VkPipeline VulkanKernel::pipeline(const uint32_t block[3], uint32_t bindingCount
                              resultName(result),
                          result);
     device_.check(result, "vkCreateComputePipelines");
-    pipelines_.emplace(key, pipeline);
-    return pipeline;
+    const KernelPipeline &entry =
+        pipelines_.emplace(key, KernelPipeline{key, pipeline, setLayout, pipelineLayout})
+            .first->second;
+    last_.store(&entry, std::memory_order_release);
+    return entry;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-// `backplane bench tune`: autotune cost with a cold vs a warm cache, and a tuned matmul's regret.
+// `backplane bench tune`: autotune cost with a cold vs a warm cache, and the tuned matmul's regret.
 #include "bench.hpp"
+#include "demo_matmul.hpp"
 
 #include <backplane/client.hpp>
 #include <backplane/runtime.hpp>
@@ -10,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
+#include <memory>
+#include <optional>
+#include <vector>
 
 namespace backplane::tool {
 namespace {
@@ -82,117 +85,54 @@ void coldVsWarm(const BenchOptions &options, BenchRows &rows) {
                      static_cast<unsigned long long>(warm.benchmarkRuns));
 }
 
-// -- matmul regret on a device that runs host kernels --------------------------------------------
+// -- matmul regret: the demo's tuned matmul vs each of its fixed candidates, on every device ------
 
-struct MatmulScalars {
-    uint32_t m, n, k, rows;
-};
-
-/// C = A B, `rows` rows of C per workgroup, loop order i-j-k (strided reads of B).
-void matmulIjk(const bp_host_kernel_context *c) {
-    const auto *s = static_cast<const MatmulScalars *>(c->scalars);
-    const auto *a = static_cast<const float *>(c->buffers[0]);
-    const auto *b = static_cast<const float *>(c->buffers[1]);
-    auto *out = static_cast<float *>(c->buffers[2]);
-    for (uint32_t i = c->workgroup[0] * s->rows; i < std::min(s->m, (c->workgroup[0] + 1) * s->rows); ++i)
-        for (uint32_t j = 0; j < s->n; ++j) {
-            float acc = 0;
-            for (uint32_t p = 0; p < s->k; ++p) acc += a[i * s->k + p] * b[p * s->n + j];
-            out[i * s->n + j] = acc;
-        }
+/// Deterministic values in [-1, 1).
+std::vector<float> matmulInput(size_t count, uint32_t seed) {
+    std::vector<float> values(count);
+    for (float &v : values) {
+        seed = seed * 1664525u + 1013904223u;
+        v = static_cast<float>(seed >> 8) / static_cast<float>(1u << 23) - 1.0f;
+    }
+    return values;
 }
 
-/// Same result, loop order i-k-j (contiguous reads of B; vectorises).
-void matmulIkj(const bp_host_kernel_context *c) {
-    const auto *s = static_cast<const MatmulScalars *>(c->scalars);
-    const auto *a = static_cast<const float *>(c->buffers[0]);
-    const auto *b = static_cast<const float *>(c->buffers[1]);
-    auto *out = static_cast<float *>(c->buffers[2]);
-    for (uint32_t i = c->workgroup[0] * s->rows; i < std::min(s->m, (c->workgroup[0] + 1) * s->rows); ++i) {
-        float *row = out + static_cast<size_t>(i) * s->n;
-        std::fill(row, row + s->n, 0.0f);
-        for (uint32_t p = 0; p < s->k; ++p) {
-            const float av = a[i * s->k + p];
-            const float *brow = b + static_cast<size_t>(p) * s->n;
-            for (uint32_t j = 0; j < s->n; ++j) row[j] += av * brow[j];
-        }
-    }
-}
+void matmulRegret(ComputeClient &client, const BenchOptions &options, BenchRows &rows) {
+    const DeviceInfo &device = client.device();
+    const std::string deviceName = device.id() + " " + device.name;
+    const bool cpu = device.type == DeviceType::Cpu;
+    const uint32_t size = cpu ? (options.quick ? 128 : 256) : (options.quick ? 512 : 1024);
+    const MatmulSet set = matmulTunable(device);
+    MatmulProblem in{&client,
+                     client.createFrom<float>(matmulInput(size_t(size) * size, 1)),
+                     client.createFrom<float>(matmulInput(size_t(size) * size, 2)), size, size,
+                     size};
 
-struct MatmulInputs {
-    ComputeClient *client = nullptr;
-    Buffer a, b, c;
-    uint32_t m = 0, n = 0, k = 0;
-};
-
-void matmulRegret(const BenchOptions &options, BenchRows &rows) {
-    std::optional<Runtime> runtime;
-    std::optional<ComputeClient> client;
-    try {
-        runtime.emplace();
-        const Selection selection = runtime->select(options.device.empty() ? "host" : options.device);
-        if (!selection.device.accepts(Dialect::Host)) {
-            std::fprintf(stderr, "bench tune: the matmul tunable has host variants only; %s has "
-                                 "no host dialect, regret rows skipped\n",
-                         selection.device.id().c_str());
-            return;
-        }
-        client.emplace(runtime->open(selection));
-    } catch (const Error &e) {
-        std::fprintf(stderr, "bench tune: no device for the matmul regret rows: %s\n", e.what());
-        return;
-    }
-    const uint32_t size = options.quick ? 128 : 256;
-    MatmulInputs in;
-    in.client = &*client;
-    in.m = in.n = in.k = size;
-    std::vector<float> host(static_cast<size_t>(size) * size, 1.0f);
-    in.a = client->create(host.data(), host.size() * sizeof(float));
-    in.b = client->create(host.data(), host.size() * sizeof(float));
-    in.c = client->empty(host.size() * sizeof(float));
-
-    tune::TunableSet<MatmulInputs> set("bench-matmul-host", [](const MatmulInputs &x, TuneLevel l) {
-        return tune::KeyBuilder(l).axis("m", x.m).axis("n", x.n).axis("k", x.k).str();
-    });
-    struct Variant {
-        const char *name;
-        bp_host_kernel_fn fn;
-        uint32_t rows;
-    };
-    const Variant variants[] = {{"ijk-rows1", &matmulIjk, 1},
-                                {"ikj-rows1", &matmulIkj, 1},
-                                {"ikj-rows8", &matmulIkj, 8},
-                                {"ikj-rows64", &matmulIkj, 64}};
-    for (const Variant &v : variants)
-        set.add(v.name, [v](const MatmulInputs &x) {
-            Dispatch d;
-            d.grid = {(x.m + v.rows - 1) / v.rows, 1, 1};
-            d.bindings = {x.a, x.b, x.c};
-            d.scalar(MatmulScalars{x.m, x.n, x.k, v.rows});
-            x.client->execute({std::string("matmul-") + v.name, {KernelVariant::host(v.fn, v.name)}},
-                              d);
-        });
-
+    // A memory-only tuner: the decision is made fresh in this run, then judged.
     tune::Tuner::Options o;
-    o.device = deviceFingerprint(client->device());
-    o.timer = std::make_shared<tune::ClientTimer>(*client);
+    o.device = deviceFingerprint(device);
+    o.timer = std::make_shared<tune::ClientTimer>(client);
     o.progress = false;
     tune::Tuner tuner(o);
-    tuner.execute(set, in);
+    (void)tuner.execute(set, in);
     const auto record = tuner.lookup(set.info(), set.key(in, o.level));
-    if (!record) return;
+    if (!record) {
+        std::fprintf(stderr, "bench tune: %s: no tuning decision recorded, regret rows skipped\n",
+                     deviceName.c_str());
+        return;
+    }
 
     // Round robin, so drifts of the machine hit the tuned path and every fixed one alike. The
     // tuned path is the real one: Tuner::execute, key and lookup included.
-    tune::ClientTimer timer(*client);
+    tune::ClientTimer timer(client);
     std::vector<std::vector<double>> times(set.size() + 1);
     auto ms = [](std::chrono::nanoseconds t) {
         return std::chrono::duration<double, std::milli>(t).count();
     };
     for (int r = 0; r < (options.quick ? 5 : 15); ++r) {
-        times[0].push_back(ms(timer.time([&] { tuner.execute(set, in); })));
+        times[0].push_back(ms(timer.time([&] { (void)tuner.execute(set, in); })));
         for (size_t i = 0; i < set.size(); ++i)
-            times[i + 1].push_back(ms(timer.time([&] { set.candidate(i)(in); })));
+            times[i + 1].push_back(ms(timer.time([&] { (void)set.candidate(i)(in); })));
     }
     auto median = [](std::vector<double> t) {
         std::sort(t.begin(), t.end());
@@ -201,10 +141,38 @@ void matmulRegret(const BenchOptions &options, BenchRows &rows) {
     const double tuned = median(times[0]);
     for (size_t i = 0; i < set.size(); ++i) {
         const bool isWinner = set.info().names[i] == record->winner;
-        rows.push_back({"tune", client->device().id() + " " + client->device().name,
+        rows.push_back({"tune", deviceName,
                         "matmul " + std::to_string(size) + "^3 tuned (" + record->winner +
                             ") vs fixed " + set.info().names[i],
                         tuned, median(times[i + 1]), "ms", isWinner ? "<= 1.05x" : ""});
+    }
+}
+
+/// Every route of every device present (the same GPU through cuda and vulkan is measured once
+/// per plugin), or only the selected one when --device is given.
+void matmulRegretAll(const BenchOptions &options, BenchRows &rows) {
+    std::optional<Runtime> runtime;
+    std::vector<DeviceInfo> targets;
+    try {
+        runtime.emplace();
+        if (!options.device.empty()) {
+            targets.push_back(runtime->select(options.device).device);
+        } else {
+            for (const PhysicalDevice &physical : runtime->devices())
+                for (const DeviceInfo &route : physical.routes) targets.push_back(route);
+        }
+    } catch (const Error &e) {
+        std::fprintf(stderr, "bench tune: no device for the matmul regret rows: %s\n", e.what());
+        return;
+    }
+    for (const DeviceInfo &target : targets) {
+        try {
+            ComputeClient client = runtime->open(Selection{target, "bench tune", {}});
+            matmulRegret(client, options, rows);
+        } catch (const Error &e) {
+            std::fprintf(stderr, "bench tune: matmul regret on %s skipped: %s\n",
+                         target.id().c_str(), e.what());
+        }
     }
 }
 
@@ -212,7 +180,7 @@ void matmulRegret(const BenchOptions &options, BenchRows &rows) {
 
 void benchTune(const BenchOptions &options, BenchRows &rows) {
     coldVsWarm(options, rows);
-    matmulRegret(options, rows);
+    matmulRegretAll(options, rows);
 }
 
 } // namespace backplane::tool

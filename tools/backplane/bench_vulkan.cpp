@@ -1,14 +1,19 @@
 // `backplane bench vulkan`: the Vulkan plugin against raw Vulkan, same device, same process.
 //
-// The "runtime" side drives the Vulkan plugin through its C ABI (detail::PluginLibrary), not yet
-// through ComputeClient; each row's `what` says so. The raw side dlopens libvulkan.so.1 itself and
-// records the same work by hand (push descriptors, one timeline semaphore). SPIR-V for both sides
-// comes from the plugin's kernel_compile, so the tool needs no shaderc.
+// Two "runtime" sides: the Vulkan plugin's C ABI (detail::PluginLibrary), and ComputeClient (a
+// Runtime that loads the same module) for the dispatch rows; each row's `what` says which. The
+// raw side dlopens libvulkan.so.1 itself and records the same work by hand (push descriptors,
+// one timeline semaphore). SPIR-V for the raw side comes from the plugin's kernel_compile, so the
+// tool needs no shaderc.
 #include "bench.hpp"
 
 #include "plugin/plugin_library.hpp"
 
 #include <backplane/abi/plugin_sdk.hpp>
+#include <backplane/client.hpp>
+#include <backplane/config.hpp>
+#include <backplane/kernel.hpp>
+#include <backplane/runtime.hpp>
 #include <backplane/error.hpp>
 
 #include <vulkan/vulkan.h>
@@ -455,6 +460,39 @@ struct RawSide {
     }
 };
 
+// The batched dispatch loops are named functions so that a profiler can isolate them, e.g.
+//   valgrind --tool=callgrind --toggle-collect='*recordPluginDispatches*' bench_vulkan --quick
+// (the plugin's submits every kPluginBatchBound commands happen inside its loop; the raw side
+// submits once, outside).
+[[gnu::noinline]] void recordRawDispatches(RawSide &raw, VkCommandBuffer cmd, VkPipeline pipeline,
+                                           const VkDescriptorBufferInfo &info, uint32_t n,
+                                           uint32_t count) {
+    for (uint32_t i = 0; i < count; ++i) {
+        if (i > 0) raw.barrier(cmd);
+        raw.dispatch(cmd, pipeline, 1, &info, n, n / 64);
+    }
+}
+
+[[gnu::noinline]] void recordPluginDispatches(PluginSide &plugin, bp_stream *s, bp_kernel *k,
+                                              const bp_binding &binding, uint32_t n,
+                                              uint32_t count) {
+    for (uint32_t i = 0; i < count; ++i) plugin.launch(s, k, &binding, 1, n, n / 64, 64);
+}
+
+[[gnu::noinline]] void executeClientDispatches(ComputeClient &client, const KernelSource &kernel,
+                                               const Dispatch &dispatch, uint32_t count) {
+    for (uint32_t i = 0; i < count; ++i) client.execute(kernel, dispatch);
+}
+
+/// A Runtime that finds only the manifest beside the module the C-ABI side loaded (when there is
+/// one), so that the ComputeClient rows run the same plugin build.
+Runtime clientRuntime() {
+    Config config = loadConfig();
+    const fs::path manifest = pluginPath().parent_path() / "vulkan.json";
+    if (fs::exists(manifest)) config.pluginPathOverride = {manifest};
+    return Runtime(std::move(config));
+}
+
 void run(const BenchOptions &options, BenchRows &rows) {
     // Driver-side shader disk caches would turn "cold" pipeline creation warm.
     ::setenv("MESA_SHADER_CACHE_DISABLE", "true", 0);
@@ -473,26 +511,10 @@ void run(const BenchOptions &options, BenchRows &rows) {
     const auto incrementSpirv = plugin.compile(kIncrement, "increment");
     const auto copySpirv = plugin.compile(kCopy, "copy");
 
-    // Dispatch: one round trip, and batches where each dispatch depends on the previous one.
+    // Dispatch: one round trip, and batches where each dispatch depends on the previous one
+    // (each increments the same buffer), raw first, then the plugin's C ABI, then ComputeClient.
     {
         const uint32_t n = 1024;
-        bp_stream *s = plugin.stream();
-        bp_kernel *k = plugin.load(incrementSpirv, "increment");
-        bp_memory *x = plugin.allocate(n * 4);
-        const bp_binding binding{x, 0, n * 4};
-        plugin.launch(s, k, &binding, 1, n, n / 64, 64);
-        plugin.sync(s);
-        const double runtimeTrip = best(repeats, [&] {
-            for (int i = 0; i < roundTrips / repeats; ++i) {
-                plugin.launch(s, k, &binding, 1, n, n / 64, 64);
-                plugin.sync(s);
-            }
-        }) / (roundTrips / repeats);
-        const double runtimeBatch = best(repeats, [&] {
-            for (uint32_t i = 0; i < batched; ++i) plugin.launch(s, k, &binding, 1, n, n / 64, 64);
-            plugin.sync(s);
-        }) / batched;
-
         auto buffer = raw.buffer(n * 4);
         VkPipeline pipeline = raw.pipeline(incrementSpirv, 1, 64);
         const VkDescriptorBufferInfo info{buffer.buffer, 0, n * 4};
@@ -503,23 +525,72 @@ void run(const BenchOptions &options, BenchRows &rows) {
             }
         }) / (roundTrips / repeats);
         const double rawBatch = best(repeats, [&] {
-            VkCommandBuffer cmd = raw.begin();
-            for (uint32_t i = 0; i < batched; ++i) {
-                if (i > 0) raw.barrier(cmd);
-                raw.dispatch(cmd, pipeline, 1, &info, n, n / 64);
-            }
+            recordRawDispatches(raw, raw.begin(), pipeline, info, n, batched);
             raw.submitAndWait();
         }) / batched;
         raw.vkDestroyPipeline(raw.device, pipeline, nullptr);
         raw.release(buffer);
+
+        bp_stream *s = plugin.stream();
+        bp_kernel *k = plugin.load(incrementSpirv, "increment");
+        bp_memory *x = plugin.allocate(n * 4);
+        const bp_binding binding{x, 0, n * 4};
+        plugin.launch(s, k, &binding, 1, n, n / 64, 64); // creates the pipeline
+        plugin.sync(s);
+        const double runtimeTrip = best(repeats, [&] {
+            for (int i = 0; i < roundTrips / repeats; ++i) {
+                plugin.launch(s, k, &binding, 1, n, n / 64, 64);
+                plugin.sync(s);
+            }
+        }) / (roundTrips / repeats);
+        const double runtimeBatch = best(repeats, [&] {
+            recordPluginDispatches(plugin, s, k, binding, n, batched);
+            plugin.sync(s);
+        }) / batched;
+        plugin.api->memory_free(plugin.device, x);
+        plugin.api->kernel_release(plugin.device, k);
+        plugin.api->stream_destroy(plugin.device, s);
         row("dispatch round trip: launch+flush+wait (plugin C ABI) vs record+submit+wait (raw)",
             runtimeTrip * 1e6, rawTrip * 1e6, "us", "");
         row("batched dependent dispatches, per dispatch (plugin C ABI, " +
                 std::to_string(kPluginBatchBound) + "/submit) vs one command buffer (raw)",
             runtimeBatch * 1e6, rawBatch * 1e6, "us", "<= 1.10x");
-        plugin.api->memory_free(plugin.device, x);
-        plugin.api->kernel_release(plugin.device, k);
-        plugin.api->stream_destroy(plugin.device, s);
+
+        try {
+            Runtime runtime = clientRuntime();
+            const Selection selection = runtime.select("vulkan:0");
+            if (!selection.device.hasUuid ||
+                std::memcmp(selection.device.uuid.data(), plugin.info.uuid, 16) != 0)
+                throw std::runtime_error("the Runtime's vulkan:0 (" + selection.device.name +
+                                         ") is not the device measured above");
+            ComputeClient client = runtime.open(selection);
+            const KernelSource increment{
+                "increment", {KernelVariant::text(Dialect::Glsl, "main", kIncrement)}};
+            Dispatch dispatch;
+            dispatch.grid = {n / 64, 1, 1};
+            dispatch.block = {64, 1, 1};
+            dispatch.bindings = {client.empty(n * 4)};
+            dispatch.scalar(n);
+            client.execute(increment, dispatch); // compiles, creates the pipeline
+            client.sync();
+            const double clientTrip = best(repeats, [&] {
+                for (int i = 0; i < roundTrips / repeats; ++i) {
+                    client.execute(increment, dispatch);
+                    client.sync();
+                }
+            }) / (roundTrips / repeats);
+            const double clientBatch = best(repeats, [&] {
+                executeClientDispatches(client, increment, dispatch, batched);
+                client.sync();
+            }) / batched;
+            row("dispatch round trip: execute+sync (ComputeClient) vs record+submit+wait (raw)",
+                clientTrip * 1e6, rawTrip * 1e6, "us", "");
+            row("batched dependent dispatches, per dispatch (ComputeClient) vs one command buffer "
+                "(raw)",
+                clientBatch * 1e6, rawBatch * 1e6, "us", "<= 1.10x");
+        } catch (const std::exception &e) {
+            std::fprintf(stderr, "vulkan: ComputeClient rows skipped: %s\n", e.what());
+        }
     }
 
     // Device-to-device copy of 256 MiB, bytes read + written.

@@ -66,7 +66,7 @@ struct KernelSource {
 };
 
 /// One launch. Bindings are passed in order; scalars are packed like a C struct with natural
-/// alignment (see docs/kernels.md for how each dialect receives them).
+/// alignment (see docs/streams.md ("Kernels") for how each dialect receives them).
 struct Dispatch {
     /// Workgroups per dimension (ignored when gridBuffer is set).
     std::array<uint32_t, 3> grid{1, 1, 1};

@@ -1,0 +1,180 @@
+// The demo's tuned matmul (tools/backplane/demo_matmul.cpp) on one real plugin: candidates vs the
+// CPU, the tuner's pick, the warm cache. BACKPLANE_MATMUL_PLUGIN names the plugin ("host",
+// "vulkan"); exits 77 (SKIP) with the reason when it has no device here. Public API only.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "demo_matmul.hpp"
+#include "tune_fixtures.hpp"
+
+#include <backplane/cache.hpp>
+#include <backplane/client.hpp>
+#include <backplane/error.hpp>
+#include <backplane/runtime.hpp>
+#include <backplane/tune.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace backplane;
+using namespace backplane::tool;
+
+namespace {
+
+std::optional<Runtime> gRuntime;
+std::optional<ComputeClient> gClient;
+
+std::vector<float> randomValues(size_t count, uint32_t seed) {
+    std::vector<float> values(count);
+    for (float &v : values) {
+        seed = seed * 1664525u + 1013904223u;
+        v = static_cast<float>(seed >> 8) / static_cast<float>(1u << 23) - 1.0f;
+    }
+    return values;
+}
+
+/// A problem on the test's device with its host copies, for the CPU reference.
+struct HostProblem {
+    std::vector<float> a, b;
+    MatmulProblem problem;
+
+    HostProblem(uint32_t m, uint32_t n, uint32_t k)
+        : a(randomValues(size_t(m) * k, m * 31 + k)), b(randomValues(size_t(k) * n, n * 17 + k)) {
+        problem = {&*gClient, gClient->createFrom<float>(a), gClient->createFrom<float>(b), m, n,
+                   k};
+    }
+    std::string compare(const MatmulResult &result) const {
+        return compareMatmul(gClient->readAs<float>(result.c),
+                             matmulOnCpu(a, b, problem.m, problem.n, problem.k), problem.n,
+                             problem.k);
+    }
+};
+
+/// A tuner on `store` with few samples (the policy is not what these tests are about).
+tune::Tuner makeTuner(CacheStore &store) {
+    tune::Tuner::Options options;
+    options.store = &store;
+    options.device = deviceFingerprint(gClient->device());
+    options.timer = std::make_shared<tune::ClientTimer>(*gClient);
+    options.progress = false;
+    tune::BenchPolicy policy;
+    policy.minSamples = 2;
+    policy.maxSamples = 3;
+    options.policy = policy;
+    return tune::Tuner(options);
+}
+
+} // namespace
+
+TEST_CASE("every matmul candidate of the device matches the CPU, tile edges included") {
+    const std::vector<MatmulCandidate> candidates = matmulCandidates(gClient->device());
+    REQUIRE(candidates.size() >= 2);
+    // 70 x 45 x 33: no candidate's tile divides it, so every bounds check is exercised.
+    for (const auto &[m, n, k] : {std::array<uint32_t, 3>{70, 45, 33}, {64, 64, 64}}) {
+        const HostProblem p(m, n, k);
+        for (const MatmulCandidate &candidate : candidates) {
+            CAPTURE(candidate.name);
+            CAPTURE(m);
+            CHECK(p.compare(candidate.run(p.problem)) == "");
+        }
+    }
+}
+
+TEST_CASE("the tuner picks one of the candidates and its output matches the CPU") {
+    tunetest::TempDir dir;
+    CacheStore store(dir.path());
+    tune::Tuner tuner = makeTuner(store);
+    const MatmulSet set = matmulTunable(gClient->device());
+    const HostProblem p(96, 80, 72);
+
+    CHECK(p.compare(tuner.execute(set, p.problem)) == "");
+    CHECK(tuner.counters().tunings == 1);
+    CHECK(tuner.counters().benchmarkRuns > 0);
+    const auto record = tuner.lookup(set.info(), set.key(p.problem, tuner.level()));
+    REQUIRE(record.has_value());
+    const auto &names = set.info().names;
+    CHECK(std::find(names.begin(), names.end(), record->winner) != names.end());
+    CHECK(record->ranking.size() == names.size());
+    for (const tune::CandidateResult &r : record->results) {
+        CAPTURE(r.name);
+        CHECK(r.ok);
+    }
+}
+
+TEST_CASE("a second tuner on the same cache runs the stored winner without benchmarking") {
+    tunetest::TempDir dir;
+    CacheStore store(dir.path());
+    const MatmulSet set = matmulTunable(gClient->device());
+    const HostProblem p(128, 128, 128);
+    std::string winner;
+    {
+        tune::Tuner cold = makeTuner(store);
+        (void)cold.execute(set, p.problem);
+        REQUIRE(cold.counters().benchmarkRuns > 0);
+        winner = cold.lookup(set.info(), set.key(p.problem, cold.level()))->winner;
+    }
+    tune::Tuner warm = makeTuner(store);
+    CHECK(p.compare(warm.execute(set, p.problem)) == "");
+    CHECK(warm.counters().tunings == 0);
+    CHECK(warm.counters().benchmarkRuns == 0);
+    CHECK(warm.counters().persistentHits == 1);
+    // 100 anchors to the same power of two (128): the same decision, still no benchmark.
+    const HostProblem near(100, 100, 100);
+    CHECK(near.compare(warm.execute(set, near.problem)) == "");
+    CHECK(warm.counters().benchmarkRuns == 0);
+    CHECK(warm.lookup(set.info(), set.key(p.problem, warm.level()))->winner == winner);
+}
+
+TEST_CASE("the output check rejects a candidate whose product is wrong") {
+    tunetest::TempDir dir;
+    CacheStore store(dir.path());
+    tune::Tuner tuner = makeTuner(store);
+    MatmulSet set = matmulTunable(gClient->device());
+    const MatmulCandidate reference = matmulCandidates(gClient->device()).front();
+    set.add("zeroes", [reference](const MatmulProblem &problem) {
+        MatmulResult result = reference.run(problem);
+        problem.client->fill(result.c, 0);
+        return result;
+    });
+    const HostProblem p(40, 40, 40);
+    CHECK(p.compare(tuner.execute(set, p.problem)) == "");
+    const auto record = tuner.lookup(set.info(), set.key(p.problem, tuner.level()));
+    REQUIRE(record.has_value());
+    CHECK(record->winner != "zeroes");
+    const auto rejected = std::find_if(record->results.begin(), record->results.end(),
+                                       [](const auto &r) { return r.name == "zeroes"; });
+    REQUIRE(rejected != record->results.end());
+    CHECK_FALSE(rejected->ok);
+    CHECK(rejected->error.find("differ") != std::string::npos);
+}
+
+int main(int argc, char **argv) {
+    const char *plugin = std::getenv("BACKPLANE_MATMUL_PLUGIN");
+    if (plugin == nullptr || *plugin == '\0') {
+        std::fprintf(stderr, "matmul_test: set BACKPLANE_MATMUL_PLUGIN (host, vulkan...)\n");
+        return 2;
+    }
+    try {
+        Config config;
+        config.cacheEnabled = false;
+        config.pluginEnable = {plugin};
+        gRuntime.emplace(config);
+        gClient.emplace(gRuntime->open(gRuntime->select(plugin)));
+    } catch (const Error &e) {
+        std::printf("SKIP: no %s device for the matmul test: %s\n", plugin, e.what());
+        return 77;
+    }
+    std::printf("matmul test on %s %s\n", gClient->device().id().c_str(),
+                gClient->device().name.c_str());
+    doctest::Context context(argc, argv);
+    const int result = context.run();
+    gClient.reset();
+    gRuntime.reset();
+    return result;
+}
