@@ -4,6 +4,7 @@
 #include "cache/kernel_cache.hpp"
 #include "memory/parallel_copy.hpp"
 
+#include <backplane/cache.hpp>
 #include <backplane/log.hpp>
 
 #include <boost/container/small_vector.hpp>
@@ -19,10 +20,18 @@ constexpr size_t kMaxPendingHolds = 256;
 // Launches with up to this many bindings keep their bookkeeping on the stack.
 constexpr size_t kInlineBindings = 16;
 
-uint64_t fnv1a(const void *data, size_t size, uint64_t h = 1469598103934665603ull) {
-    const auto *p = static_cast<const unsigned char *>(data);
-    for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
+// Rejects a host transfer that does not fit the buffer (a caller error, not a plugin one).
+void checkTransferRange(const Slice &slice, uint64_t offset, uint64_t size, const char *what) {
+    if (offset > slice.size || size > slice.size - offset)
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string(what) + " of " + std::to_string(size) + " bytes at offset " +
+                        std::to_string(offset) + " overruns a buffer of " +
+                        std::to_string(slice.size) + " bytes");
+}
+
+// The cache's FNV-1a over raw bytes (kernel keys hash names, sources and function pointers).
+uint64_t fnv1a(const void *data, size_t size, uint64_t h = 0xcbf29ce484222325ull) {
+    return fnv1a64({static_cast<const unsigned char *>(data), size}, h);
 }
 
 bool sameVariant(const KernelVariant &a, const KernelVariant &b) {
@@ -269,11 +278,7 @@ EventPtr ComputeServer::flushEvent(uint32_t slot) { return multi_->flushWithEven
 void ComputeServer::write(StreamId stream, const Buffer &buffer, const void *data, uint64_t size,
                           uint64_t offset) {
     const auto &slice = sliceOf(buffer, "write");
-    if (offset + size > slice->size)
-        throw Error(ErrorCode::InvalidArgument,
-                    "write of " + std::to_string(size) + " bytes at offset " +
-                        std::to_string(offset) + " overruns a buffer of " +
-                        std::to_string(slice->size) + " bytes");
+    checkTransferRange(*slice, offset, size, "write");
     if (size == 0) return;
     std::lock_guard lock(mutex_);
     const uint32_t slot = slotOf(stream);
@@ -365,11 +370,7 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
 void ComputeServer::read(StreamId stream, const Buffer &buffer, void *into, uint64_t size,
                          uint64_t offset) {
     const auto &slice = sliceOf(buffer, "read");
-    if (offset + size > slice->size)
-        throw Error(ErrorCode::InvalidArgument,
-                    "read of " + std::to_string(size) + " bytes at offset " +
-                        std::to_string(offset) + " overruns a buffer of " +
-                        std::to_string(slice->size) + " bytes");
+    checkTransferRange(*slice, offset, size, "read");
     if (size == 0) return;
     std::lock_guard lock(mutex_);
     const uint32_t slot = slotOf(stream);
