@@ -1,4 +1,4 @@
-// Kernels of the conformance suite in every dialect (HOST, GLSL, CUDA) per docs/kernels.md.
+// Kernels of the conformance suite in every dialect (HOST, GLSL, CUDA) per docs/streams.md ("Kernels").
 #pragma once
 
 #include <backplane/kernel.hpp>

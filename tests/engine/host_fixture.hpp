@@ -5,6 +5,8 @@
 #include "plugin/device_info.hpp"
 #include "plugin/plugin_library.hpp"
 
+#include "../conformance/conformance_kernels.hpp"
+
 #include <backplane/client.hpp>
 
 #include <atomic>
@@ -22,21 +24,9 @@ inline backplane::ComputeClient openHost(const std::string &options = R"({"mode"
     return backplane::detail::openComputeClient(plugin, info, config);
 }
 
-struct SaxpyScalars {
-    float a;
-    uint32_t n;
-};
-
-/// y[i] = a * x[i] + y[i]; bindings x, y; scalars {float a; uint32 n}.
-inline void saxpyHost(const bp_host_kernel_context *c) {
-    const auto *s = static_cast<const SaxpyScalars *>(c->scalars);
-    const auto *x = static_cast<const float *>(c->buffers[0]);
-    auto *y = static_cast<float *>(c->buffers[1]);
-    for (uint32_t t = 0; t < c->block[0]; ++t) {
-        const uint32_t i = c->workgroup[0] * c->block[0] + t;
-        if (i < s->n) y[i] = s->a * x[i] + y[i];
-    }
-}
+// saxpy's host kernel and scalars are the conformance suite's (one definition for all tests).
+using conformance::SaxpyScalars;
+using conformance::saxpyHost;
 
 /// Set by tests: the gated copy kernel spins until it is true.
 inline std::atomic<bool> gateOpen{true};
