@@ -6,6 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -28,115 +31,181 @@ public:
     void waitEventSync(void *event) override {
         while (!released.load()) {
         }
+        if (fail.load()) throw std::runtime_error("the fake stream's work failed");
         (void)event;
     }
+    bool queryEvent(void *) override { return released.load(); }
     void releaseEvent(void *event) override { delete static_cast<int *>(event); }
 
     uintptr_t streams = 0;
     int flushes = 0;
     int waits = 0;
     std::atomic<bool> released{true};
+    std::atomic<bool> fail{false};
 };
 
-BindingUse binding(uint32_t slot, uint64_t cursor = 0) {
-    return {slot, cursor, std::make_shared<int>(static_cast<int>(slot))};
-}
+/// A MultiStream over a FakeBackend with its completion tracker.
+struct Fixture {
+    std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
+    CompletionTracker tracker{kMaxStreams};
+    std::vector<std::string> failures;
+    MultiStream ms{backend, kMaxStreams, tracker,
+                   [this](const std::string &why) { failures.push_back(why); }};
+};
+
+StreamUse use(uint32_t slot, uint64_t cursor = 1) { return {slot, cursor}; }
 
 } // namespace
 
-TEST_CASE("analysis reports a binding of another stream that was never synced") {
-    FakeBackend backend;
-    MultiStream ms(backend, kMaxStreams);
-    ms.resolve(1, {});
-    ms.resolve(2, {});
-    const std::vector<BindingUse> b = {binding(1), binding(2)};
-    const SharedBindingAnalysis analysis = ms.updateSharedBindings(1, b);
+TEST_CASE("analysis reports a use on another stream that was never synced") {
+    Fixture f;
+    f.ms.resolve(1, {});
+    f.ms.resolve(2, {});
+    const std::vector<StreamUse> uses = {use(1), use(2)};
     SharedBindingAnalysis expected;
-    expected.slices[2].push_back(b[1].hold);
-    CHECK(analysis == expected);
+    expected.origins[2] = 1;
+    CHECK(f.ms.updateSharedBindings(1, uses) == expected);
 }
 
-TEST_CASE("analysis ignores bindings of the current stream among shared ones") {
-    FakeBackend backend;
-    MultiStream ms(backend, kMaxStreams);
-    ms.resolve(1, {});
-    ms.resolve(2, {});
-    const std::vector<BindingUse> b = {binding(1), binding(2), binding(1)};
-    const SharedBindingAnalysis analysis = ms.updateSharedBindings(1, b);
+TEST_CASE("analysis ignores uses of the current stream among shared ones") {
+    Fixture f;
+    f.ms.resolve(1, {});
+    f.ms.resolve(2, {});
+    const std::vector<StreamUse> uses = {use(1), use(2), use(1)};
     SharedBindingAnalysis expected;
-    expected.slices[2].push_back(b[1].hold);
-    CHECK(analysis == expected);
+    expected.origins[2] = 1;
+    CHECK(f.ms.updateSharedBindings(1, uses) == expected);
 }
 
-TEST_CASE("analysis is empty when every binding belongs to the current stream") {
-    FakeBackend backend;
-    MultiStream ms(backend, kMaxStreams);
-    ms.resolve(1, {});
-    ms.resolve(2, {});
-    const std::vector<BindingUse> b = {binding(1), binding(1), binding(1)};
-    CHECK(ms.updateSharedBindings(1, b).empty());
+TEST_CASE("analysis is empty when every use belongs to the current stream") {
+    Fixture f;
+    f.ms.resolve(1, {});
+    f.ms.resolve(2, {});
+    const std::vector<StreamUse> uses = {use(1), use(1), use(1)};
+    CHECK(f.ms.updateSharedBindings(1, uses).empty());
 }
 
 TEST_CASE("resolve records the origin cursor as last synced and advances only its own cursor") {
-    FakeBackend backend;
-    MultiStream ms(backend, kMaxStreams);
-    ms.resolve(1, {});
-    ms.resolve(2, {});
-    const std::vector<BindingUse> b = {binding(1), binding(2), binding(1)};
-    auto resolved = ms.resolve(1, b);
-    CHECK(ms.slot(1).lastSynced.at(2) == 1);
-    CHECK(ms.slot(1).cursor == 2);
-    CHECK(ms.slot(2).lastSynced.empty());
-    CHECK(ms.slot(2).cursor == 1);
-    ms.finish(resolved);
+    Fixture f;
+    f.ms.resolve(1, {});
+    f.ms.resolve(2, {});
+    const std::vector<StreamUse> uses = {use(1), use(2), use(1)};
+    f.ms.resolve(1, uses);
+    CHECK(f.ms.slot(1).lastSynced.at(2) == 1);
+    CHECK(f.ms.slot(1).cursor == 2);
+    CHECK(f.ms.slot(2).lastSynced.empty());
+    CHECK(f.ms.slot(2).cursor == 1);
 }
 
-TEST_CASE("a binding already synced creates no event the second time") {
-    FakeBackend backend;
-    MultiStream ms(backend, kMaxStreams);
-    ms.resolve(2, {});
-    const std::vector<BindingUse> b = {binding(2, 1)};
-    auto first = ms.resolve(1, b);
-    ms.finish(first);
-    const uint64_t events = ms.eventsCreated();
-    auto second = ms.resolve(1, b);
-    ms.finish(second);
-    CHECK(ms.eventsCreated() == events);
-    CHECK(ms.alignmentEvents() == 1); // one origin flush, the first time only
+TEST_CASE("a use already synced creates no event the second time") {
+    Fixture f;
+    f.ms.resolve(2, {});
+    const std::vector<StreamUse> uses = {use(2, 1)};
+    f.ms.resolve(1, uses);
+    const uint64_t events = f.ms.eventsCreated();
+    f.ms.resolve(1, uses);
+    CHECK(f.ms.eventsCreated() == events);
+    CHECK(f.ms.alignmentEvents() == 1); // one origin flush, the first time only
+}
+
+TEST_CASE("a use known to have completed needs no event") {
+    Fixture f;
+    f.ms.resolve(2, {});
+    f.tracker.complete(2, 1);
+    const std::vector<StreamUse> uses = {use(2, 1)};
+    f.ms.resolve(1, uses);
+    CHECK(f.ms.eventsCreated() == 0);
+    CHECK(f.backend->waits == 0);
+}
+
+TEST_CASE("a newer use on a stream synced earlier is waited for again") {
+    // The recycled-memory hazard: a stream synced with slot 2 at cursor 1 must still wait for
+    // slot 2's later work on memory it now reuses.
+    Fixture f;
+    f.ms.resolve(2, {});
+    f.ms.resolve(1, std::vector<StreamUse>{use(2, 1)});
+    f.ms.resolve(2, {});
+    const int waits = f.backend->waits;
+    f.ms.resolve(1, std::vector<StreamUse>{use(2, 2)});
+    CHECK(f.backend->waits == waits + 1);
+    CHECK(f.ms.slot(1).lastSynced.at(2) == 2);
 }
 
 TEST_CASE("work that stays on its stream creates no events") {
-    FakeBackend backend;
-    MultiStream ms(backend, kMaxStreams);
+    Fixture f;
     for (int i = 0; i < 100; ++i) {
-        const std::vector<BindingUse> b = {binding(static_cast<uint32_t>(i % 3), 5)};
-        auto r = ms.resolve(static_cast<uint32_t>(i % 3), b);
-        ms.finish(r);
+        const auto slot = static_cast<uint32_t>(i % 3);
+        const std::vector<StreamUse> uses = {use(slot, 5)};
+        f.ms.resolve(slot, uses);
     }
-    CHECK(ms.eventsCreated() == 0);
-    CHECK(backend.waits == 0);
+    CHECK(f.ms.eventsCreated() == 0);
+    CHECK(f.backend->waits == 0);
 }
 
-TEST_CASE("the GC thread keeps cross-stream bindings until their event completed") {
-    FakeBackend backend;
-    MultiStream ms(backend, kMaxStreams);
-    backend.released = false;
+TEST_CASE("the GC thread keeps holds until their fence completed and records the completion") {
+    Fixture f;
+    f.backend->released = false;
+    f.ms.resolve(1, {});
     auto hold = std::make_shared<int>(7);
     std::weak_ptr<int> watch = hold;
-    {
-        std::vector<BindingUse> b = {{2, 1, hold}};
-        hold.reset();
-        auto r = ms.resolve(1, b);
-        b.clear();
-        ms.finish(r);
-    }
-    CHECK_FALSE(watch.expired()); // pending on slot 1 until its next event
-    ms.flushWithEvent(1);
-    CHECK_FALSE(watch.expired()); // the GC thread waits for that event
-    backend.released = true;
-    ms.gc().drain();
+    f.ms.hold(1, hold);
+    f.ms.hold(1, hold); // held once
+    hold.reset();
+    CHECK_FALSE(watch.expired()); // pending on slot 1 until its next fence
+    f.ms.flush(1);
+    CHECK_FALSE(watch.expired()); // the GC thread waits for that fence
+    CHECK(f.tracker.completed(1) == 0);
+    f.backend->released = true;
+    f.ms.gc().drain();
     CHECK(watch.expired());
-    CHECK(ms.gc().released() == 1);
+    CHECK(f.ms.gc().released() == 1);
+    CHECK(f.tracker.completed(1) == 1);
+}
+
+TEST_CASE("a failed fence keeps its holds and reports the failure") {
+    Fixture f;
+    f.backend->fail = true;
+    auto hold = std::make_shared<int>(7);
+    std::weak_ptr<int> watch = hold;
+    f.ms.hold(1, std::move(hold));
+    f.ms.flush(1);
+    f.ms.gc().drain();
+    CHECK_FALSE(watch.expired()); // never released while the device is in doubt
+    CHECK(f.ms.gc().released() == 0);
+    CHECK(f.failures.size() == 1);
+    CHECK(f.tracker.completed(1) == 0);
+}
+
+TEST_CASE("the GC queue is bounded: throttle waits until the GC caught up") {
+    Fixture f;
+    f.backend->released = false;
+    for (size_t i = 0; i < GcThread::kMaxQueued + 8; ++i) {
+        f.ms.hold(1, std::make_shared<int>(0));
+        f.ms.flush(1);
+    }
+    std::atomic<bool> passed{false};
+    std::thread producer([&] {
+        f.ms.gc().throttle();
+        passed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(passed.load()); // more than kMaxQueued tasks wait: backpressure
+    f.backend->released = true;
+    producer.join();
+    CHECK(passed.load());
+    CHECK(f.ms.gc().queued() <= GcThread::kMaxQueued / 2);
+}
+
+TEST_CASE("polling records a completed fence without waiting") {
+    Fixture f;
+    f.backend->released = false;
+    f.ms.resolve(3, {});
+    f.ms.fenceCovering(3, 1);
+    f.ms.pollCompletion();
+    CHECK(f.tracker.completed(3) == 0);
+    f.backend->released = true;
+    f.ms.pollCompletion();
+    CHECK(f.tracker.completed(3) == 1);
 }
 
 namespace {

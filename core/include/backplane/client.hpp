@@ -32,8 +32,8 @@ enum class AllocationMode { Auto, Persistent };
 
 /// One memory pool's figures.
 struct PoolUsage {
-    std::string name;           ///< "sliced 32 MiB", "exclusive", "persistent"
-    uint32_t streamSlot = 0;    ///< pools are per backend stream slot
+    std::string name;           ///< "sliced 32 MiB", "exclusive", "persistent", "staging"
+    uint32_t streamSlot = 0;    ///< always 0: pools are per device, shared by its streams
     uint64_t pageBytes = 0;     ///< page size (0 for exclusive/persistent: sized per request)
     uint64_t maxSliceBytes = 0; ///< largest request the pool serves
     uint32_t pages = 0;
@@ -43,10 +43,12 @@ struct PoolUsage {
     uint64_t allocations = 0;   ///< live allocations
 };
 
-/// Memory usage of one device, summed over pools; `pools` lists the pools that hold pages.
+/// Memory usage of one device, summed over pools; `pools` lists the pools that hold pages (and
+/// "staging" when the runtime holds pinned staging blocks).
 struct MemoryUsage {
     uint64_t bytesInUse = 0;
-    uint64_t bytesReserved = 0;
+    uint64_t bytesReserved = 0; ///< device pages held from the plugin
+    uint64_t bytesStaging = 0;  ///< pinned host memory held for staging transfers and reads
     uint64_t bytesPadding = 0;
     uint64_t allocationCount = 0; ///< live allocations
     uint32_t pageCount = 0;
@@ -83,7 +85,10 @@ struct ProfileDuration {
 };
 
 /// Result of an asynchronous read: the copy is ordered on the stream at read() time; wait()
-/// blocks until it completed and returns the bytes. Move-only; wait() may be called once.
+/// blocks until it completed and returns the bytes. wait() may be called once (later calls
+/// return nothing). Dropping a future without wait() is safe: the copy keeps its memory until it
+/// completed. A future may outlive its ComputeClient: closing the client waits for every
+/// stream, so wait() then returns the bytes (or throws Error if the device failed).
 class ReadFuture {
 public:
     ReadFuture() = default;
@@ -145,7 +150,8 @@ public:
     void setAllocationMode(AllocationMode mode);
     /// Usage of every pool.
     MemoryUsage memoryUsage() const;
-    /// Releases every page that holds no live allocation (waits for pending cross-stream frees).
+    /// Waits for the work of every stream, then returns every page that holds no live
+    /// allocation, and every idle staging block, to the plugin.
     void memoryCleanup();
     /// Allocates page-locked host memory for direct transfers.
     PinnedBuffer allocatePinned(size_t size);

@@ -59,8 +59,15 @@ struct Config {
     // "memory" --------------------------------------------------------------------------------
     /// memory.staging_chunk_bytes: chunk of the pinned staging pipeline for pageable transfers.
     uint64_t stagingChunkBytes = 8ull << 20;
+    /// memory.staging_limit_bytes: pinned staging memory of one device, all streams together
+    /// (0 = derived: 8 chunks, at most an eighth of the device's memory; the chunk shrinks so
+    /// that two fit). Transfers that find no free block copy unstaged.
+    uint64_t stagingLimitBytes = 0;
     /// memory.max_page_bytes: cap on sliced-pool page size (0 = derived from device memory).
     uint64_t maxPageBytes = 0;
+    /// memory.release_idle_after_ms: a page with no live buffer whose work completed goes back
+    /// to the plugin once it has been idle this long (checked on allocations and usage queries).
+    uint32_t releaseIdleAfterMs = 1000;
 
     // "cache" ---------------------------------------------------------------------------------
     /// cache.dir: kernels, tuning results, pipeline caches. Default $XDG_CACHE_HOME/backplane

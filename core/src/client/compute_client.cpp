@@ -33,9 +33,9 @@ std::string MemoryUsage::toString() const {
     std::string out = "in use " + bytesText(bytesInUse) + ", reserved " + bytesText(bytesReserved) +
                       ", padding " + bytesText(bytesPadding) + ", " +
                       std::to_string(allocationCount) + " allocation(s), " +
-                      std::to_string(pageCount) + " page(s)";
+                      std::to_string(pageCount) + " page(s), staging " + bytesText(bytesStaging);
     for (const PoolUsage &p : pools)
-        out += "; [slot " + std::to_string(p.streamSlot) + " " + p.name + ": " +
+        out += "; [" + p.name + ": " +
                std::to_string(p.pages) + " page(s), " + bytesText(p.bytesReserved) +
                " reserved, " + bytesText(p.bytesInUse) + " in use]";
     return out;

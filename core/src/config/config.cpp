@@ -134,14 +134,24 @@ public:
         if (root.contains("streams")) readStreams(object(root["streams"], "/streams"), c);
         if (root.contains("memory")) {
             const Json &m = object(root["memory"], "/memory");
-            checkKeys(m, "/memory", {"staging_chunk_bytes", "max_page_bytes"});
+            checkKeys(m, "/memory",
+                      {"staging_chunk_bytes", "staging_limit_bytes", "max_page_bytes",
+                       "release_idle_after_ms"});
             if (m.contains("staging_chunk_bytes"))
                 c.stagingChunkBytes = unsignedInt(m["staging_chunk_bytes"],
                                                   "/memory/staging_chunk_bytes", 4096,
                                                   std::numeric_limits<uint64_t>::max());
+            if (m.contains("staging_limit_bytes"))
+                c.stagingLimitBytes = unsignedInt(m["staging_limit_bytes"],
+                                                  "/memory/staging_limit_bytes", 0,
+                                                  std::numeric_limits<uint64_t>::max());
             if (m.contains("max_page_bytes"))
                 c.maxPageBytes = unsignedInt(m["max_page_bytes"], "/memory/max_page_bytes", 0,
                                              std::numeric_limits<uint64_t>::max());
+            if (m.contains("release_idle_after_ms"))
+                c.releaseIdleAfterMs = static_cast<uint32_t>(
+                    unsignedInt(m["release_idle_after_ms"], "/memory/release_idle_after_ms", 0,
+                                std::numeric_limits<uint32_t>::max()));
         }
         if (root.contains("cache")) {
             const Json &m = object(root["cache"], "/cache");
@@ -363,7 +373,9 @@ std::string toJson(const Config &config, int indent) {
           {"max_tasks", config.schedulerMaxTasks}}},
         {"memory",
          {{"staging_chunk_bytes", config.stagingChunkBytes},
-          {"max_page_bytes", config.maxPageBytes}}},
+          {"staging_limit_bytes", config.stagingLimitBytes},
+          {"max_page_bytes", config.maxPageBytes},
+          {"release_idle_after_ms", config.releaseIdleAfterMs}}},
         {"cache",
          {{"dir", cacheDirectory(config).string()}, {"enabled", config.cacheEnabled}}},
         {"autotune", {{"level", toString(config.tuneLevel)}}},

@@ -1,6 +1,8 @@
 // Slice: one allocation carved from a pool page; what a public Buffer owns.
 #pragma once
 
+#include "stream/hazards.hpp"
+
 #include <backplane/abi/plugin.h>
 
 #include <cstdint>
@@ -10,29 +12,30 @@
 
 namespace backplane::detail {
 
-/// Everything a pool needs to take a slice back.
+/// Everything the pool needs to take a slice back, with the uses its memory must stay ordered
+/// after (they pass to whatever reuses the range).
 struct FreeRecord {
-    uint32_t slot = 0;      ///< stream slot whose MemoryManager owns the page
-    uint32_t pool = 0;      ///< pool index inside that manager
+    uint32_t pool = 0;      ///< pool index
     void *page = nullptr;   ///< the pool's page record
     uint64_t offset = 0;
     uint64_t reserved = 0;  ///< bytes taken from the page (aligned)
     uint64_t requested = 0; ///< bytes the caller asked for
+    Hazards hazards;        ///< uses of the slice not known complete when it died
 };
 
 /// Frees arrive from any thread (the last Buffer copy may die anywhere, the GC thread drops
-/// holds); they are queued here and applied by the server under its lock. This keeps the pools
-/// single-threaded and makes a Buffer destructor never wait for the server.
+/// holds); they are queued here and applied by the server under its engine lock. This keeps the
+/// pools single-threaded and makes a Buffer destructor never wait for the server.
 class FreeQueue {
 public:
-    void push(const FreeRecord &record) {
+    void push(FreeRecord record) {
         std::lock_guard lock(mutex_);
-        records_.push_back(record);
+        records_.push_back(std::move(record));
     }
     /// Moves every queued record into `out` (appends).
     void drain(std::vector<FreeRecord> &out) {
         std::lock_guard lock(mutex_);
-        out.insert(out.end(), records_.begin(), records_.end());
+        for (FreeRecord &r : records_) out.push_back(std::move(r));
         records_.clear();
     }
     bool empty() {
@@ -46,7 +49,8 @@ private:
 };
 
 /// One live allocation. Refcounted through shared_ptr: Buffer copies, cross-stream GC holds and
-/// queued scheduler tasks each hold a reference; the destructor hands the memory back.
+/// queued scheduler tasks each hold a reference; the destructor hands the memory back together
+/// with its hazards, so memory is never reused ahead of work still using it.
 struct Slice {
     bp_memory *memory = nullptr;
     uint64_t offset = 0;
@@ -54,16 +58,21 @@ struct Slice {
     FreeRecord record;
     std::shared_ptr<FreeQueue> queue;
 
-    // Stream tracking: the stream slot and cursor of the last operation that used this slice.
-    // Guarded by the server's lock. A use on another slot aligns with it first.
-    uint32_t lastSlot = 0;
-    uint64_t lastCursor = 0;
+    /// The stream slot that allocated it: a use on another slot holds the slice until that use
+    /// completed (the GC), so its memory usually comes back with no pending work.
+    uint32_t homeSlot = 0;
+    /// Uses later work must be ordered after: inherited from the reused range at allocation,
+    /// then the last use (uses of one slice form a chain). Guarded by the engine lock.
+    Hazards uses;
 
     Slice() = default;
     Slice(const Slice &) = delete;
     Slice &operator=(const Slice &) = delete;
     ~Slice() {
-        if (queue) queue->push(record);
+        if (!queue) return;
+        // The last reference is gone, so no other thread touches `uses` any more.
+        record.hazards = std::move(uses);
+        queue->push(std::move(record));
     }
 };
 

@@ -1,13 +1,7 @@
-// ComputeServer: allocation with OOM retry, stream-ordered transfers through staging, launches.
+// ComputeServer: allocation with the out-of-memory retry, streams and syncs, launches, profiling.
 #include "server/compute_server.hpp"
 
-#include "cache/kernel_cache.hpp"
-#include "memory/parallel_copy.hpp"
-
-#include <backplane/cache.hpp>
 #include <backplane/log.hpp>
-
-#include <boost/container/small_vector.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -15,69 +9,78 @@
 namespace backplane::detail {
 namespace {
 
-// Foreign buffers held by a stream before it is flushed with an event just to release them.
-constexpr size_t kMaxPendingHolds = 256;
-// Launches with up to this many bindings keep their bookkeeping on the stack.
-constexpr size_t kInlineBindings = 16;
-
-// Rejects a host transfer that does not fit the buffer (a caller error, not a plugin one).
-void checkTransferRange(const Slice &slice, uint64_t offset, uint64_t size, const char *what) {
-    if (offset > slice.size || size > slice.size - offset)
-        throw Error(ErrorCode::InvalidArgument,
-                    std::string(what) + " of " + std::to_string(size) + " bytes at offset " +
-                        std::to_string(offset) + " overruns a buffer of " +
-                        std::to_string(slice.size) + " bytes");
-}
-
-// The cache's FNV-1a over raw bytes (kernel keys hash names, sources and function pointers).
-uint64_t fnv1a(const void *data, size_t size, uint64_t h = 0xcbf29ce484222325ull) {
-    return fnv1a64({static_cast<const unsigned char *>(data), size}, h);
-}
-
-bool sameVariant(const KernelVariant &a, const KernelVariant &b) {
-    return a.dialect == b.dialect && a.hostFunction == b.hostFunction &&
-           a.entryPoint == b.entryPoint && a.source == b.source && a.options == b.options;
-}
+constexpr uint64_t kMinStagingChunk = 64 * 1024;
 
 uint64_t alignUp(uint64_t value, uint64_t alignment) {
     return (value + alignment - 1) / alignment * alignment;
 }
 
+uint32_t slotCount(const DeviceInfo &info, const Config &config) {
+    return std::max<uint32_t>(1, std::min(config.maxStreams == 0 ? 1 : config.maxStreams,
+                                          std::max<uint32_t>(info.maxStreams, 1)));
+}
+
+/// Staging: one bound for the device (not per stream), at most an eighth of a small device's
+/// memory; the chunk shrinks so that at least two blocks fit.
+std::pair<uint64_t, uint64_t> stagingSizes(const DeviceInfo &info, const Config &config) {
+    const uint64_t memory = info.memoryBytes != 0 ? info.memoryBytes : 1ull << 30;
+    const uint64_t wanted = std::max(config.stagingChunkBytes, kMinStagingChunk);
+    uint64_t limit = config.stagingLimitBytes != 0
+                         ? config.stagingLimitBytes
+                         : std::min(8 * wanted, std::max(memory / 8, 2 * kMinStagingChunk));
+    const uint64_t chunk =
+        std::clamp(wanted, kMinStagingChunk, std::max(kMinStagingChunk, limit / 2));
+    return {chunk, std::max(limit, chunk)};
+}
+
 } // namespace
 
 ComputeServer::ComputeServer(std::shared_ptr<Driver> driver, const Config &config)
-    : driver_(std::move(driver)), config_(config), freeQueue_(std::make_shared<FreeQueue>()) {
-    const DeviceInfo &info = driver_->info();
-    layout_ = computePoolLayout(info, config_);
-    maxStreams_ = std::max<uint32_t>(1, std::min(config_.maxStreams == 0 ? 1 : config_.maxStreams,
-                                                 std::max<uint32_t>(info.maxStreams, 1)));
-    streams_ = std::make_unique<PluginStreams>(driver_);
-    if (driver_->hasCapability(BP_CAPABILITY_ASYNC_STREAMS))
-        multi_ = std::make_unique<MultiStream>(*streams_, maxStreams_);
-    else
+    : driver_(std::move(driver)), config_(config), layout_(computePoolLayout(info(), config_)),
+      maxStreams_(slotCount(info(), config_)), freeQueue_(std::make_shared<FreeQueue>()),
+      streams_(std::make_shared<PluginStreams>(driver_)), tracker_(maxStreams_),
+      kernels_(driver_, config_) {
+    pool_ = std::make_unique<MemoryPool>(driver_, layout_, freeQueue_, tracker_);
+    const auto [chunk, limit] = stagingSizes(info(), config_);
+    staging_ = std::make_unique<StagingPool>(driver_, chunk, limit);
+    if (driver_->hasCapability(BP_CAPABILITY_ASYNC_STREAMS)) {
+        multi_ = std::make_unique<MultiStream>(streams_, maxStreams_, tracker_,
+                                               [this](const std::string &why) { markLost(why); });
+    } else {
         scheduler_ = std::make_unique<SchedulerMultiStream>(
             *streams_, maxStreams_, config_.schedulerMaxTasks, config_.schedulerMode);
+        schedulerCursors_.assign(maxStreams_, 0);
+    }
     log::write(log::Subsystem::Streams, log::Level::Debug,
-               info.id() + ": " + std::to_string(maxStreams_) + " stream slot(s), " +
-                   (multi_ ? "event streams" : "scheduler streams"));
+               info().id() + ": " + std::to_string(maxStreams_) + " stream slot(s), " +
+                   (multi_ ? "event streams" : "scheduler streams") + ", staging " +
+                   std::to_string(chunk >> 10) + " KiB blocks up to " +
+                   std::to_string(limit >> 10) + " KiB");
 }
 
 ComputeServer::~ComputeServer() {
-    std::lock_guard lock(mutex_);
     try {
-        syncAllLocked();
+        syncAll();
     } catch (const std::exception &e) {
         log::write(log::Subsystem::Streams, log::Level::Warn,
                    std::string("closing device: final sync failed: ") + e.what());
     }
-    profiles_.clear();
-    staging_.clear();
-    pinnedCache_.clear();
-    multi_.reset();     // drains the GC thread, destroys streams
+    {
+        std::lock_guard lock(mutex_);
+        profiles_.clear();
+    }
+    // Streams go first: destroying one waits for its work, so nothing runs on the device when
+    // the staging blocks and pages below go back to the plugin.
+    multi_.reset();
     scheduler_.reset();
-    kernels_.clear();
-    drainFrees();
-    managers_.clear(); // pages go back to the plugin; the driver closes last
+    staging_.reset();
+    {
+        std::lock_guard lock(mutex_);
+        drainFreesLocked();
+    }
+    pool_.reset();
+    std::lock_guard lock(lostMutex_);
+    lostHolds_.clear();
 }
 
 const std::shared_ptr<Slice> &ComputeServer::sliceOf(const Buffer &buffer, const char *what) const {
@@ -90,83 +93,134 @@ const std::shared_ptr<Slice> &ComputeServer::sliceOf(const Buffer &buffer, const
     return buffer.slice_;
 }
 
-MemoryManager &ComputeServer::manager(uint32_t slot) {
-    auto it = managers_.find(slot);
-    if (it != managers_.end()) return *it->second;
-    return *managers_
-                .emplace(slot, std::make_unique<MemoryManager>(driver_, layout_, slot, freeQueue_,
-                                                               memoryCounters_))
-                .first->second;
+// ----- failures ---------------------------------------------------------------------------------
+
+void ComputeServer::markLost(const std::string &why) {
+    {
+        std::lock_guard lock(lostMutex_);
+        if (lost_.load()) return;
+        lostReason_ = why;
+        lost_.store(true);
+    }
+    log::write(log::Subsystem::Streams, log::Level::Error,
+               info().id() + " is lost: " + why +
+                   "; memory used by pending work is kept until the client is closed");
 }
 
-void ComputeServer::drainFrees() {
-    freeScratch_.clear();
-    freeQueue_->drain(freeScratch_);
-    for (const FreeRecord &r : freeScratch_) manager(r.slot).release(r);
+void ComputeServer::checkAlive() const {
+    if (!lost_.load(std::memory_order_acquire)) return;
+    std::lock_guard lock(lostMutex_);
+    throw Error(ErrorCode::DeviceLost,
+                info().id() + " is lost (" + lostReason_ +
+                    "); close every client of it and open the device again",
+                info().backend);
 }
 
-template <class Op>
-void ComputeServer::submit(uint32_t slot, std::span<const std::shared_ptr<Slice> *const> slices,
-                           Op &&op, Hold extraHold) {
-    if (multi_) {
-        boost::container::small_vector<BindingUse, kInlineBindings> uses;
-        for (const auto *s : slices)
-            if ((*s)->lastSlot != slot) uses.push_back({(*s)->lastSlot, (*s)->lastCursor, *s});
-        MultiStream::Resolved resolved =
-            multi_->resolve(slot, std::span<const BindingUse>(uses.data(), uses.size()));
-        op(static_cast<bp_stream *>(resolved.stream));
-        StreamSlot &state = multi_->slot(slot);
-        for (const auto *s : slices) {
-            if ((*s)->record.slot != slot) state.pendingHolds.push_back(*s);
-            (*s)->lastSlot = slot;
-            (*s)->lastCursor = resolved.cursor;
-        }
-        if (extraHold) state.pendingHolds.push_back(std::move(extraHold));
-        multi_->finish(resolved);
-        if (state.pendingHolds.size() > kMaxPendingHolds) multi_->releasePendingHolds(slot);
+void ComputeServer::waitFence(const Fence &fence) {
+    if (!fence) return;
+    try {
+        fence.event->wait();
+    } catch (const std::exception &e) {
+        markLost(e.what());
+        throw;
+    }
+    tracker_.complete(fence.slot, fence.cursor);
+}
+
+void ComputeServer::waitFence(const std::weak_ptr<ComputeServer> &server, const Fence &fence) {
+    if (auto alive = server.lock()) {
+        alive->waitFence(fence);
         return;
     }
-    std::vector<uint32_t> origins;
-    SchedulerTask task;
-    for (const auto *s : slices) {
-        origins.push_back((*s)->lastSlot);
-        task.holds.push_back(*s);
-        (*s)->lastSlot = slot;
-    }
-    if (extraHold) task.holds.push_back(std::move(extraHold));
-    task.run = [op = std::forward<Op>(op)](void *stream) mutable {
-        op(static_cast<bp_stream *>(stream));
-    };
-    scheduler_->registerTask(slot, std::move(task), origins);
+    // The client is gone; its teardown waited for every stream, so this returns at once (or
+    // throws the device's failure as an Error).
+    if (fence) fence.event->wait();
 }
 
-void ComputeServer::executeQueued() {
-    if (scheduler_) scheduler_->executeAll();
+bool ComputeServer::fenceSettled(const Fence &fence) {
+    if (tracker_.isComplete({fence.slot, fence.cursor})) return true;
+    try {
+        if (!fence.event->query()) return false;
+    } catch (const std::exception &e) {
+        markLost(e.what()); // failed work: its memory stays where it is
+        return false;
+    }
+    tracker_.complete(fence.slot, fence.cursor);
+    return true;
+}
+
+std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count) {
+    return staging_->acquire(count, [this](const Fence &fence) { return fenceSettled(fence); });
+}
+
+void ComputeServer::throttle() {
+    if (multi_) multi_->gc().throttle();
 }
 
 // ----- memory -----------------------------------------------------------------------------------
 
-std::shared_ptr<Slice> ComputeServer::allocateLocked(uint32_t slot, uint64_t size) {
-    drainFrees();
-    try {
-        return manager(slot).reserve(size, mode_);
-    } catch (const Error &e) {
-        if (e.code() != ErrorCode::OutOfMemory) throw;
-        if (size > layout_.maxAllocationBytes) throw;
-        log::write(log::Subsystem::Memory, log::Level::Info,
-                   info().id() + ": out of memory for " + std::to_string(size) +
-                       " bytes; releasing cached pages and retrying");
+void ComputeServer::drainFreesLocked() {
+    freeScratch_.clear();
+    freeQueue_->drain(freeScratch_);
+    for (FreeRecord &r : freeScratch_) pool_->release(std::move(r));
+    freeScratch_.clear();
+}
+
+void ComputeServer::releaseIdleLocked(bool everything) {
+    const auto now = MemoryPool::Clock::now();
+    if (!everything && !pool_->releaseDue(now)) return;
+    if (multi_) multi_->pollCompletion();
+    pool_->releaseIdle(everything, now, [this](const Hazards &uses) {
+        if (uses.allComplete(tracker_)) return true;
+        // Not known complete: put a fence behind that work, so a later check can tell by query.
+        if (multi_)
+            for (const StreamUse &u : uses.uses())
+                if (!tracker_.isComplete(u)) multi_->fenceCovering(u.slot, u.cursor);
+        return false;
+    });
+}
+
+void ComputeServer::releaseEverythingIdle() {
+    syncAll();
+    if (multi_) multi_->gc().drain();
+    std::vector<std::shared_ptr<StagingBlock>> blocks;
+    {
+        std::lock_guard lock(mutex_);
+        drainFreesLocked();
+        releaseIdleLocked(true);
+        blocks = staging_->takeIdle([this](const Fence &fence) { return fenceSettled(fence); });
     }
+    // `blocks` goes back to the plugin here, with no lock held.
+}
+
+std::shared_ptr<Slice> ComputeServer::allocate(uint32_t slot, uint64_t size) {
+    checkAlive();
+    {
+        std::lock_guard lock(mutex_);
+        drainFreesLocked();
+        releaseIdleLocked(false);
+        try {
+            return pool_->reserve(size, mode_, slot);
+        } catch (const Error &e) {
+            if (e.code() != ErrorCode::OutOfMemory || size > layout_.maxAllocationBytes) throw;
+            log::write(log::Subsystem::Memory, log::Level::Info,
+                       info().id() + ": out of memory for " + std::to_string(size) +
+                           " bytes; waiting for every stream, releasing cached memory, retrying");
+        }
+    }
+    // The waits run with no lock held: other threads keep working meanwhile.
     releaseEverythingIdle();
+    std::lock_guard lock(mutex_);
+    drainFreesLocked();
     try {
-        auto slice = manager(slot).reserve(size, mode_);
+        auto slice = pool_->reserve(size, mode_, slot);
         ++counters_.outOfMemoryRetries;
         return slice;
     } catch (const Error &e) {
         if (e.code() != ErrorCode::OutOfMemory) throw;
-        drainFrees();
         MemoryUsage usage;
-        for (auto &[index, m] : managers_) m->appendUsage(usage);
+        pool_->appendUsage(usage);
+        usage.bytesStaging = staging_->bytesReserved();
         throw Error(ErrorCode::OutOfMemory,
                     "cannot allocate " + std::to_string(size) + " bytes on " + info().id() +
                         " even after releasing every cached page (" + e.what() +
@@ -176,16 +230,8 @@ std::shared_ptr<Slice> ComputeServer::allocateLocked(uint32_t slot, uint64_t siz
     }
 }
 
-void ComputeServer::releaseEverythingIdle() {
-    syncAllLocked();
-    if (multi_) multi_->gc().drain();
-    drainFrees();
-    for (auto &[index, m] : managers_) m->cleanup(true);
-}
-
 Buffer ComputeServer::empty(StreamId stream, uint64_t size) {
-    std::lock_guard lock(mutex_);
-    return Buffer(allocateLocked(slotOf(stream), size));
+    return Buffer(allocate(slotOf(stream), size));
 }
 
 Buffer ComputeServer::create(StreamId stream, const void *data, uint64_t size) {
@@ -224,361 +270,46 @@ void ComputeServer::setAllocationMode(AllocationMode mode) {
 }
 
 MemoryUsage ComputeServer::memoryUsage() {
-    std::lock_guard lock(mutex_);
-    drainFrees();
     MemoryUsage usage;
-    for (auto &[index, m] : managers_) m->appendUsage(usage);
+    {
+        std::lock_guard lock(mutex_);
+        drainFreesLocked();
+        releaseIdleLocked(false);
+        pool_->appendUsage(usage);
+    }
+    usage.bytesStaging = staging_->bytesReserved();
+    if (usage.bytesStaging != 0) {
+        PoolUsage p;
+        p.name = "staging";
+        p.pageBytes = staging_->blockBytes();
+        p.maxSliceBytes = staging_->blockBytes();
+        p.pages = static_cast<uint32_t>(usage.bytesStaging / staging_->blockBytes());
+        p.bytesReserved = usage.bytesStaging;
+        usage.pools.push_back(std::move(p));
+    }
     return usage;
 }
 
-void ComputeServer::memoryCleanup() {
-    std::lock_guard lock(mutex_);
-    releaseEverythingIdle();
-}
+void ComputeServer::memoryCleanup() { releaseEverythingIdle(); }
 
 PinnedBuffer ComputeServer::allocatePinned(size_t size) {
+    checkAlive();
     return PinnedBuffer(
         std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, size)));
 }
 
-std::shared_ptr<PinnedBlock> ComputeServer::pinnedBlock(size_t size) {
-    {
-        std::lock_guard lock(pinnedMutex_);
-        auto it = pinnedCache_.lower_bound(size);
-        if (it != pinnedCache_.end() && it->first <= 4 * size + 4096) {
-            auto block = std::move(it->second);
-            pinnedCache_.erase(it);
-            return block;
-        }
-    }
-    size_t rounded = 4096;
-    while (rounded < size) rounded *= 2;
-    return std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, rounded));
-}
-
-void ComputeServer::recyclePinned(std::shared_ptr<PinnedBlock> block) {
-    std::lock_guard lock(pinnedMutex_);
-    if (pinnedCache_.size() < 16) pinnedCache_.emplace(block->size(), std::move(block));
-}
-
-// ----- transfers --------------------------------------------------------------------------------
-
-ComputeServer::StagingRing &ComputeServer::stagingRing(uint32_t slot) {
-    StagingRing &ring = staging_[slot];
-    if (!ring.blocks[0]) {
-        const uint64_t chunk = std::max<uint64_t>(config_.stagingChunkBytes, 64 * 1024);
-        for (auto &block : ring.blocks)
-            block = std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, chunk));
-    }
-    return ring;
-}
-
-EventPtr ComputeServer::flushEvent(uint32_t slot) { return multi_->flushWithEvent(slot); }
-
-void ComputeServer::write(StreamId stream, const Buffer &buffer, const void *data, uint64_t size,
-                          uint64_t offset) {
-    const auto &slice = sliceOf(buffer, "write");
-    checkTransferRange(*slice, offset, size, "write");
-    if (size == 0) return;
-    std::lock_guard lock(mutex_);
-    const uint32_t slot = slotOf(stream);
-    const std::shared_ptr<Slice> *slices[] = {&slice};
-    bp_memory *memory = slice->memory;
-    const uint64_t base = slice->offset + offset;
-    Driver *driver = driver_.get();
-    if (!multi_) {
-        auto bytes = std::make_shared<std::vector<std::byte>>(
-            static_cast<const std::byte *>(data), static_cast<const std::byte *>(data) + size);
-        submit(slot, slices, [driver, memory, base, bytes](bp_stream *s) {
-            driver->copyHostToDevice(s, bytes->data(), memory, base, bytes->size());
-        });
-        return;
-    }
-    StagingRing &ring = stagingRing(slot);
-    const uint64_t chunk = ring.blocks[0]->size();
-    const auto *src = static_cast<const std::byte *>(data);
-    uint64_t done = 0;
-    for (uint64_t i = 0; done < size; ++i) {
-        const uint64_t n = std::min(chunk, size - done);
-        const size_t k = i % 2;
-        // Double buffering: chunk i+1 is copied into the other block while chunk i is in flight.
-        if (ring.inFlight[k]) {
-            ring.inFlight[k]->wait();
-            ring.inFlight[k].reset();
-        }
-        PinnedBlock &block = *ring.blocks[k];
-        ParallelCopy::shared().copy(block.data(), src + done, n);
-        submit(slot, slices, [&](bp_stream *s) {
-            driver->copyHostToDevice(s, block.data(), memory, base + done, n);
-        });
-        ring.inFlight[k] = flushEvent(slot);
-        done += n;
-    }
-}
-
-void ComputeServer::write(StreamId stream, const Buffer &buffer, const PinnedBuffer &data,
-                          uint64_t size, uint64_t offset) {
-    const auto &slice = sliceOf(buffer, "write");
-    if (!data.block_ || size > data.block_->size() || offset + size > slice->size)
-        throw Error(ErrorCode::InvalidArgument, "pinned write: sizes out of range");
-    std::lock_guard lock(mutex_);
-    const std::shared_ptr<Slice> *slices[] = {&slice};
-    Driver *driver = driver_.get();
-    bp_memory *memory = slice->memory;
-    const uint64_t base = slice->offset + offset;
-    void *src = data.block_->data();
-    submit(slotOf(stream), slices,
-           [driver, memory, base, src, size](bp_stream *s) {
-               driver->copyHostToDevice(s, src, memory, base, size);
-           },
-           data.block_);
-}
-
-void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
-                               uint64_t size, std::byte *out) {
-    StagingRing &ring = stagingRing(slot);
-    const uint64_t chunk = ring.blocks[0]->size();
-    const std::shared_ptr<Slice> *slices[] = {&slice};
-    Driver *driver = driver_.get();
-    const uint64_t count = (size + chunk - 1) / chunk;
-    EventPtr events[2];
-    auto drainChunk = [&](uint64_t i) {
-        const size_t k = i % 2;
-        events[k]->wait();
-        events[k].reset();
-        const uint64_t at = i * chunk;
-        ParallelCopy::shared().copy(out + at, ring.blocks[k]->data(), std::min(chunk, size - at));
-    };
-    for (uint64_t i = 0; i < count; ++i) {
-        const size_t k = i % 2;
-        if (ring.inFlight[k]) {
-            ring.inFlight[k]->wait();
-            ring.inFlight[k].reset();
-        }
-        const uint64_t at = i * chunk;
-        const uint64_t n = std::min(chunk, size - at);
-        void *dst = ring.blocks[k]->data();
-        submit(slot, slices, [&](bp_stream *s) {
-            driver->copyDeviceToHost(s, slice->memory, slice->offset + offset + at, dst, n);
-        });
-        events[k] = flushEvent(slot);
-        if (i >= 1) drainChunk(i - 1); // chunk i is in flight while chunk i-1 is copied out
-    }
-    drainChunk(count - 1);
-}
-
-void ComputeServer::read(StreamId stream, const Buffer &buffer, void *into, uint64_t size,
-                         uint64_t offset) {
-    const auto &slice = sliceOf(buffer, "read");
-    checkTransferRange(*slice, offset, size, "read");
-    if (size == 0) return;
-    std::lock_guard lock(mutex_);
-    const uint32_t slot = slotOf(stream);
-    if (!multi_) {
-        const std::shared_ptr<Slice> *slices[] = {&slice};
-        Driver *driver = driver_.get();
-        bp_memory *memory = slice->memory;
-        const uint64_t base = slice->offset + offset;
-        submit(slot, slices, [driver, memory, base, into, size](bp_stream *s) {
-            driver->copyDeviceToHost(s, memory, base, into, size);
-        });
-        syncLocked(slot);
-        return;
-    }
-    readStaged(slot, slice, offset, size, static_cast<std::byte *>(into));
-}
-
-ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t offset,
-                               uint64_t size) {
-    const auto &slice = sliceOf(buffer, "read");
-    if (offset > slice->size)
-        throw Error(ErrorCode::InvalidArgument, "read offset beyond the end of the buffer");
-    if (size == UINT64_MAX || offset + size > slice->size) size = slice->size - offset;
-    std::lock_guard lock(mutex_);
-    const uint32_t slot = slotOf(stream);
-    const std::shared_ptr<Slice> *slices[] = {&slice};
-    Driver *driver = driver_.get();
-    bp_memory *memory = slice->memory;
-    const uint64_t base = slice->offset + offset;
-    if (!multi_) {
-        auto out = std::make_shared<std::vector<std::byte>>(size);
-        submit(slot, slices, [driver, memory, base, out](bp_stream *s) {
-            driver->copyDeviceToHost(s, memory, base, out->data(), out->size());
-        });
-        syncLocked(slot);
-        return ReadFuture([out] { return std::move(*out); });
-    }
-    if (size <= config_.stagingChunkBytes) {
-        auto block = pinnedBlock(size);
-        void *dst = block->data();
-        submit(slot, slices, [&](bp_stream *s) {
-            driver->copyDeviceToHost(s, memory, base, dst, size);
-        });
-        EventPtr event = flushEvent(slot);
-        std::weak_ptr<ComputeServer> self = weak_from_this();
-        return ReadFuture([self, block, event, size]() {
-            event->wait();
-            std::vector<std::byte> out(size);
-            std::memcpy(out.data(), block->data(), size);
-            if (auto server = self.lock()) server->recyclePinned(block);
-            return out;
-        });
-    }
-    auto out = std::make_shared<std::vector<std::byte>>(size);
-    readStaged(slot, slice, offset, size, out->data());
-    return ReadFuture([out] { return std::move(*out); });
-}
-
-void ComputeServer::read(StreamId stream, const Buffer &buffer, const PinnedBuffer &into,
-                         uint64_t size, uint64_t offset) {
-    const auto &slice = sliceOf(buffer, "read");
-    if (!into.block_ || size > into.block_->size() || offset + size > slice->size)
-        throw Error(ErrorCode::InvalidArgument, "pinned read: sizes out of range");
-    std::lock_guard lock(mutex_);
-    const uint32_t slot = slotOf(stream);
-    const std::shared_ptr<Slice> *slices[] = {&slice};
-    Driver *driver = driver_.get();
-    bp_memory *memory = slice->memory;
-    const uint64_t base = slice->offset + offset;
-    void *dst = into.block_->data();
-    submit(slot, slices, [driver, memory, base, dst, size](bp_stream *s) {
-        driver->copyDeviceToHost(s, memory, base, dst, size);
-    });
-    syncLocked(slot);
-}
-
-void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
-                         const Buffer &dst, uint64_t dstOffset, uint64_t size) {
-    const auto &a = sliceOf(src, "copy");
-    const auto &b = sliceOf(dst, "copy");
-    if (srcOffset + size > a->size || dstOffset + size > b->size)
-        throw Error(ErrorCode::InvalidArgument, "copy: range beyond the end of a buffer");
-    std::lock_guard lock(mutex_);
-    const std::shared_ptr<Slice> *slices[] = {&a, &b};
-    Driver *driver = driver_.get();
-    bp_memory *from = a->memory;
-    bp_memory *to = b->memory;
-    const uint64_t fromOffset = a->offset + srcOffset;
-    const uint64_t toOffset = b->offset + dstOffset;
-    submit(slotOf(stream), slices, [=](bp_stream *s) {
-        driver->copyDeviceToDevice(s, from, fromOffset, to, toOffset, size);
-    });
-}
-
-void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern, uint64_t offset,
-                         uint64_t size) {
-    const auto &slice = sliceOf(buffer, "fill");
-    if (size == UINT64_MAX) size = slice->size - std::min(offset, slice->size);
-    if (offset % 4 != 0 || size % 4 != 0 || offset + size > slice->size)
-        throw Error(ErrorCode::InvalidArgument, "fill: offset and size must be multiples of 4 "
-                                                "inside the buffer");
-    std::lock_guard lock(mutex_);
-    const std::shared_ptr<Slice> *slices[] = {&slice};
-    Driver *driver = driver_.get();
-    bp_memory *memory = slice->memory;
-    const uint64_t base = slice->offset + offset;
-    submit(slotOf(stream), slices,
-           [=](bp_stream *s) { driver->fill(s, memory, base, size, pattern); });
-}
-
 // ----- kernels ----------------------------------------------------------------------------------
 
-std::string ComputeServer::diskCacheKey(const KernelVariant &v) const {
-    const DeviceInfo &d = info();
-    std::string key = std::string("backplane-") + BACKPLANE_VERSION + "|" +
-                      driver_->plugin().name() + "-" + driver_->plugin().version() + "|" + d.arch +
-                      "|" + d.driverVersion + "|" + d.uuidString() + "|" + toString(v.dialect) +
-                      "|" + v.entryPoint + "|";
-    uint64_t h = fnv1a(v.source.data(), v.source.size());
-    for (const std::string &o : v.options) h = fnv1a(o.data(), o.size() + 1, h);
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-    return key + hex + "|" + std::to_string(v.source.size());
-}
-
-const ComputeServer::LoadedKernel &ComputeServer::kernelFor(const KernelSource &kernel) {
-    const DeviceInfo &d = info();
-    const KernelVariant *variant = nullptr;
-    for (const KernelVariant &v : kernel.variants)
-        if (d.accepts(v.dialect)) {
-            variant = &v;
-            break;
-        }
-    if (variant == nullptr) {
-        std::string given;
-        for (const KernelVariant &v : kernel.variants)
-            given += std::string(given.empty() ? "" : ", ") + toString(v.dialect);
-        throw Error(ErrorCode::Unsupported,
-                    "kernel '" + kernel.name + "' has no variant " + d.id() +
-                        " accepts (variants: " + (given.empty() ? "none" : given) +
-                        "); add a variant in one of the device's dialects",
-                    d.backend);
-    }
-    uint64_t fast = fnv1a(kernel.name.data(), kernel.name.size());
-    fast = fnv1a(variant->entryPoint.data(), variant->entryPoint.size(), fast);
-    const auto fn = reinterpret_cast<uintptr_t>(variant->hostFunction);
-    fast = fnv1a(&fn, sizeof(fn), fast);
-    const uint64_t tail[3] = {static_cast<uint64_t>(variant->dialect), variant->source.size(),
-                              variant->options.size()};
-    fast = fnv1a(tail, sizeof(tail), fast);
-    auto &bucket = kernels_[fast];
-    for (const auto &entry : bucket)
-        if (entry->name == kernel.name && sameVariant(entry->variant, *variant)) {
-            ++counters_.kernelCacheHits;
-            return *entry;
-        }
-
-    const auto dialect = static_cast<bp_dialect>(variant->dialect);
-    bp_host_kernel_source hostSource{sizeof(bp_host_kernel_source), variant->hostFunction};
-    const void *source = variant->source.data();
-    size_t sourceSize = variant->source.size();
-    if (variant->dialect == Dialect::Host) {
-        if (variant->hostFunction == nullptr)
-            throw Error(ErrorCode::InvalidArgument,
-                        "kernel '" + kernel.name + "': its host variant has no function");
-        source = &hostSource;
-        sourceSize = sizeof(hostSource);
-    }
-    auto entry = std::make_unique<LoadedKernel>();
-    entry->variant = *variant;
-    entry->name = kernel.name;
-    const bool portable =
-        driver_->hasCapability(BP_CAPABILITY_PORTABLE_BINARIES) && config_.cacheEnabled;
-    const std::string key = portable ? diskCacheKey(*variant) : std::string();
-    if (portable) {
-        if (auto blob = loadCachedKernel(config_, key)) {
-            try {
-                entry->kernel = driver_->load(kernel.name, dialect, variant->entryPoint,
-                                              blob->data(), blob->size());
-                ++counters_.diskCacheHits;
-            } catch (const Error &e) {
-                log::write(log::Subsystem::Cache, log::Level::Warn,
-                           "cached binary of kernel '" + kernel.name +
-                               "' did not load, recompiling: " + e.what());
-            }
-        }
-    }
-    if (!entry->kernel) {
-        CompiledKernel compiled = driver_->compile(kernel.name, dialect, variant->entryPoint,
-                                                   source, sourceSize, variant->options);
-        ++counters_.kernelsCompiled;
-        entry->kernel = driver_->load(kernel.name, dialect, variant->entryPoint,
-                                      compiled.binary.data(), compiled.binary.size());
-        if (portable) storeCachedKernel(config_, key, compiled.binary);
-    }
-    bucket.push_back(std::move(entry));
-    return *bucket.back();
-}
-
 void ComputeServer::prepare(const KernelSource &kernel) {
-    std::lock_guard lock(mutex_);
-    kernelFor(kernel);
+    checkAlive();
+    kernels_.find(kernel);
 }
 
 void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                             const Dispatch &dispatch) {
-    // The launch path allocates nothing on the heap for up to kInlineBindings buffers.
-    boost::container::small_vector<const std::shared_ptr<Slice> *, kInlineBindings + 1> slices;
+    checkAlive();
+    // The launch path allocates nothing on the heap for up to 16 buffers.
+    boost::container::small_vector<SlicePtr, 17> slices;
     for (const Buffer &b : dispatch.bindings) slices.push_back(&sliceOf(b, "execute"));
     if (dispatch.gridBuffer) {
         if (!driver_->hasCapability(BP_CAPABILITY_INDIRECT_DISPATCH))
@@ -588,11 +319,11 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                         info().backend);
         slices.push_back(&sliceOf(dispatch.gridBuffer, "execute"));
     }
-    std::lock_guard lock(mutex_);
-    bp_kernel *handle = kernelFor(kernel).kernel.get();
+    // Compiling (or waiting for another thread's compile) takes no engine lock.
+    bp_kernel *handle = kernels_.find(kernel);
     const uint32_t slot = slotOf(stream);
 
-    boost::container::small_vector<bp_binding, kInlineBindings> bindings;
+    boost::container::small_vector<bp_binding, 16> bindings;
     for (size_t i = 0; i < dispatch.bindings.size(); ++i) {
         const Slice &s = **slices[i];
         bindings.push_back({s.memory, s.offset, s.size});
@@ -612,12 +343,16 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     args.scalar_size = dispatch.scalars.size();
     Driver *driver = driver_.get();
     if (multi_) {
-        // Recorded right away: the plugin copies what it needs during the call.
-        submit(slot, std::span(slices.data(), slices.size()), [&](bp_stream *s) {
-            args.bindings = bindings.data();
-            args.scalars = dispatch.scalars.empty() ? nullptr : dispatch.scalars.data();
-            driver->launch(s, args, kernel.name);
-        });
+        {
+            // Recorded right away: the plugin copies what it needs during the call.
+            std::lock_guard lock(mutex_);
+            submit(slot, std::span(slices.data(), slices.size()), [&](bp_stream *s) {
+                args.bindings = bindings.data();
+                args.scalars = dispatch.scalars.empty() ? nullptr : dispatch.scalars.data();
+                driver->launch(s, args, kernel.name);
+            });
+        }
+        throttle();
         return;
     }
     // Scheduler streams run the launch later: it owns copies of everything it points to.
@@ -630,40 +365,71 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     data->bindings.assign(bindings.begin(), bindings.end());
     data->scalars = dispatch.scalars;
     data->args = args;
+    std::lock_guard lock(mutex_);
     submit(slot, std::span(slices.data(), slices.size()),
            [driver, data, name = kernel.name](bp_stream *s) {
-        data->args.bindings = data->bindings.data();
-        data->args.scalars = data->scalars.empty() ? nullptr : data->scalars.data();
-        driver->launch(s, data->args, name);
-    });
+               data->args.bindings = data->bindings.data();
+               data->args.scalars = data->scalars.empty() ? nullptr : data->scalars.data();
+               driver->launch(s, data->args, name);
+           });
 }
 
 // ----- streams ----------------------------------------------------------------------------------
 
-void ComputeServer::syncLocked(uint32_t slot) {
+Fence ComputeServer::fenceLocked(uint32_t slot) { return multi_->flush(slot); }
+
+void ComputeServer::syncSlot(uint32_t slot) {
     if (multi_) {
-        multi_->sync(slot);
-        return;
+        std::vector<Hold> holds;
+        Fence fence;
+        {
+            std::lock_guard lock(mutex_);
+            fence = multi_->flushTakingHolds(slot, holds);
+        }
+        try {
+            waitFence(fence);
+        } catch (...) {
+            std::lock_guard lock(lostMutex_);
+            for (Hold &h : holds) lostHolds_.push_back(std::move(h));
+            throw;
+        }
+        return; // `holds` drops here: their uses completed
     }
     // Interleaved batches may run on another slot's backend stream: submit and wait for all.
-    (void)slot;
-    scheduler_->executeAll();
-    for (void *stream : scheduler_->streams()) {
-        EventOwner event = driver_->flush(static_cast<bp_stream *>(stream), true);
-        ++counters_.eventsCreated;
-        driver_->eventWait(event.get());
-    }
+    syncAll();
 }
 
-void ComputeServer::syncAllLocked() {
-    if (multi_) {
-        for (uint32_t slot : multi_->activeSlots()) multi_->sync(slot);
-        return;
+void ComputeServer::syncAll() {
+    std::vector<Fence> fences;
+    std::vector<Hold> holds;
+    std::vector<uint64_t> cursors;
+    {
+        std::lock_guard lock(mutex_);
+        if (multi_) {
+            for (uint32_t slot : multi_->activeSlots())
+                fences.push_back(multi_->flushTakingHolds(slot, holds));
+        } else {
+            scheduler_->executeAll();
+            for (void *stream : scheduler_->streams()) {
+                EventOwner event = driver_->flush(static_cast<bp_stream *>(stream), true);
+                ++counters_.eventsCreated;
+                fences.push_back({std::make_shared<SharedEvent>(streams_, event.release()), 0, 0});
+            }
+            cursors = schedulerCursors_;
+        }
     }
-    syncLocked(0);
+    try {
+        for (const Fence &fence : fences) waitFence(fence);
+    } catch (...) {
+        std::lock_guard lock(lostMutex_);
+        for (Hold &h : holds) lostHolds_.push_back(std::move(h));
+        throw;
+    }
+    for (uint32_t slot = 0; slot < cursors.size(); ++slot) tracker_.complete(slot, cursors[slot]);
 }
 
 void ComputeServer::flush(StreamId stream) {
+    checkAlive();
     std::lock_guard lock(mutex_);
     const uint32_t slot = slotOf(stream);
     if (multi_) {
@@ -674,57 +440,62 @@ void ComputeServer::flush(StreamId stream) {
 }
 
 void ComputeServer::sync(StreamId stream) {
-    std::lock_guard lock(mutex_);
-    syncLocked(slotOf(stream));
-}
-
-void ComputeServer::syncAll() {
-    std::lock_guard lock(mutex_);
-    syncAllLocked();
+    checkAlive();
+    syncSlot(slotOf(stream));
 }
 
 // ----- profiling --------------------------------------------------------------------------------
 
 ProfileToken ComputeServer::profileStart(StreamId stream) {
-    std::lock_guard lock(mutex_);
+    checkAlive();
     const uint32_t slot = slotOf(stream);
+    const bool timestamps = multi_ && driver_->hasCapability(BP_CAPABILITY_TIMESTAMPS) &&
+                            driver_->plugin().has(&bp_plugin_api::event_elapsed_ns);
     ProfileRecord record;
-    record.id = nextProfile_++;
     record.slot = slot;
-    if (multi_ && driver_->hasCapability(BP_CAPABILITY_TIMESTAMPS) &&
-        driver_->plugin().has(&bp_plugin_api::event_elapsed_ns)) {
+    if (!timestamps) {
+        syncSlot(slot);
+        record.hostStart = std::chrono::steady_clock::now();
+    }
+    std::lock_guard lock(mutex_);
+    if (timestamps) {
         record.start = driver_->flush(static_cast<bp_stream *>(multi_->slot(slot).stream), true,
                                       true);
         ++counters_.eventsCreated;
-    } else {
-        syncLocked(slot);
-        record.hostStart = std::chrono::steady_clock::now();
     }
+    record.id = nextProfile_++;
     profiles_.push_back(std::move(record));
     return {profiles_.back().id};
 }
 
 ProfileDuration ComputeServer::profileEnd(StreamId stream, ProfileToken token) {
-    std::lock_guard lock(mutex_);
+    checkAlive();
     (void)stream;
-    auto it = std::find_if(profiles_.begin(), profiles_.end(),
-                           [&](const ProfileRecord &r) { return r.id == token.id; });
-    if (it == profiles_.end())
-        throw Error(ErrorCode::InvalidArgument,
-                    "profileEnd: unknown or already ended token " + std::to_string(token.id));
-    ProfileRecord record = std::move(*it);
-    profiles_.erase(it);
+    ProfileRecord record;
+    EventOwner end;
+    {
+        std::lock_guard lock(mutex_);
+        auto it = std::find_if(profiles_.begin(), profiles_.end(),
+                               [&](const ProfileRecord &r) { return r.id == token.id; });
+        if (it == profiles_.end())
+            throw Error(ErrorCode::InvalidArgument,
+                        "profileEnd: unknown or already ended token " + std::to_string(token.id));
+        record = std::move(*it);
+        profiles_.erase(it);
+        if (record.start) {
+            end = driver_->flush(static_cast<bp_stream *>(multi_->slot(record.slot).stream), true,
+                                 true);
+            ++counters_.eventsCreated;
+        }
+    }
     ProfileDuration duration;
     if (record.start) {
-        EventOwner end = driver_->flush(
-            static_cast<bp_stream *>(multi_->slot(record.slot).stream), true, true);
-        ++counters_.eventsCreated;
         driver_->eventWait(end.get());
         duration.nanoseconds = driver_->elapsedNs(record.start.get(), end.get());
         duration.deviceTimestamps = true;
         return duration;
     }
-    syncLocked(record.slot);
+    syncSlot(record.slot);
     duration.nanoseconds = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                              record.hostStart)
@@ -737,8 +508,11 @@ ProfileDuration ComputeServer::profileEnd(StreamId stream, ProfileToken token) {
 EngineStats ComputeServer::stats() {
     std::lock_guard lock(mutex_);
     EngineStats s = counters_;
-    s.pageAllocations = memoryCounters_.pageAllocations;
-    s.pageReleases = memoryCounters_.pageReleases;
+    s.pageAllocations = pool_->pageAllocations();
+    s.pageReleases = pool_->pageReleases();
+    s.kernelsCompiled = kernels_.compiled();
+    s.kernelCacheHits = kernels_.memoryHits();
+    s.diskCacheHits = kernels_.diskHits();
     if (multi_) {
         s.eventsCreated += multi_->eventsCreated();
         s.alignmentEvents = multi_->alignmentEvents();

@@ -1,38 +1,30 @@
-// ComputeServer: one opened device — pools, stream alignment, staging, kernel cache, profiling.
+// ComputeServer: one opened device — pools, stream alignment, staging, kernels, profiling.
 #pragma once
 
-#include "memory/memory_manager.hpp"
+#include "memory/memory_pool.hpp"
 #include "memory/slice.hpp"
+#include "memory/staging_pool.hpp"
 #include "server/driver.hpp"
+#include "server/kernel_registry.hpp"
+#include "stream/hazards.hpp"
 #include "stream/multi_stream.hpp"
 #include "stream/scheduler_stream.hpp"
 
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
 
+#include <atomic>
 #include <chrono>
-#include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace backplane::detail {
 
-/// A page of pinned host memory (PinnedBuffer, staging).
-class PinnedBlock {
-public:
-    explicit PinnedBlock(MemoryPage page) : page_(std::move(page)) {}
-    void *data() const noexcept { return page_.mapped; }
-    size_t size() const noexcept { return static_cast<size_t>(page_.size); }
-    bp_memory *memory() const noexcept { return page_.memory.get(); }
-
-private:
-    MemoryPage page_;
-};
-
-/// The plugin's streams and events, as MultiStream and SchedulerMultiStream want them.
+/// The plugin's streams and events, as MultiStream and SchedulerMultiStream want them. Shared by
+/// every event it made, so an event (in a ReadFuture, say) may outlive the server.
 class PluginStreams final : public EventBackend, public SchedulerBackend {
 public:
     explicit PluginStreams(std::shared_ptr<Driver> driver) : driver_(std::move(driver)) {}
@@ -47,6 +39,9 @@ public:
         driver_->waitEvent(static_cast<bp_stream *>(stream), static_cast<bp_event *>(event));
     }
     void waitEventSync(void *event) override { driver_->eventWait(static_cast<bp_event *>(event)); }
+    bool queryEvent(void *event) override {
+        return driver_->eventQuery(static_cast<bp_event *>(event));
+    }
     void releaseEvent(void *event) override {
         driver_->api().event_release(driver_->device(), static_cast<bp_event *>(event));
     }
@@ -56,9 +51,14 @@ private:
     std::shared_ptr<Driver> driver_;
 };
 
-/// The server of one opened device. Thread-safe: one lock per device serialises the engine
-/// (pools, streams, kernel cache); frees arrive through a FreeQueue so dropping a Buffer never
-/// takes the lock. Stream ids are the callers' (ComputeClient passes the thread's current one).
+/// The server of one opened device. Thread-safe. Locking (docs/streams.md, "Locks"):
+/// - the engine lock `mutex_` guards the pools, the stream state and slices' hazards; under it
+///   the server only does bookkeeping and enqueues work on plugin streams — it never waits for
+///   an event, compiles, does disk I/O or copies host memory;
+/// - the kernel registry and the staging pool have their own locks;
+/// - event waits (sync, reads, staging reuse, the out-of-memory path) run with no lock held.
+/// Frees arrive through a FreeQueue so dropping a Buffer never takes the lock. Stream ids are
+/// the callers' (ComputeClient passes the thread's current one).
 class ComputeServer : public std::enable_shared_from_this<ComputeServer> {
 public:
     ComputeServer(std::shared_ptr<Driver> driver, const Config &config);
@@ -106,16 +106,12 @@ public:
     EngineStats stats();
     uint64_t nativeHandle(StreamId stream, NativeKind kind, const Buffer *buffer);
 
+    /// Waits for `fence` with no lock held and records the completion; a failure marks the
+    /// device lost and throws Error(DeviceLost). Usable after the server is gone (ReadFuture).
+    static void waitFence(const std::weak_ptr<ComputeServer> &server, const Fence &fence);
+
 private:
-    struct LoadedKernel {
-        KernelVariant variant; ///< copy, to verify fast-key hits
-        std::string name;
-        KernelOwner kernel;
-    };
-    struct StagingRing {
-        std::shared_ptr<PinnedBlock> blocks[2];
-        EventPtr inFlight[2];
-    };
+    using SlicePtr = const std::shared_ptr<Slice> *;
     struct ProfileRecord {
         uint64_t id = 0;
         uint32_t slot = 0;
@@ -127,52 +123,113 @@ private:
         return static_cast<uint32_t>(stream % maxStreams_);
     }
     const std::shared_ptr<Slice> &sliceOf(const Buffer &buffer, const char *what) const;
-    std::shared_ptr<Slice> allocateLocked(uint32_t slot, uint64_t size);
-    MemoryManager &manager(uint32_t slot);
-    void drainFrees();
-    void syncLocked(uint32_t slot);
-    void syncAllLocked();
+    /// Throws Error(DeviceLost) once a stream's work failed.
+    void checkAlive() const;
+    void markLost(const std::string &why);
+    void waitFence(const Fence &fence);
+    /// Whether `fence` completed, without blocking (the tracker, else a query).
+    bool fenceSettled(const Fence &fence);
+    /// Up to `count` staging blocks ready for the host (never waits for other streams).
+    std::vector<StagingLease> stagingBlocks(size_t count);
+
+    // memory (compute_server.cpp)
+    std::shared_ptr<Slice> allocate(uint32_t slot, uint64_t size);
+    void drainFreesLocked();
+    /// The periodic release of idle pages, when due; never waits.
+    void releaseIdleLocked(bool everything);
+    /// Waits for every stream, then returns every idle page and staging block to the plugin.
     void releaseEverythingIdle();
 
-    /// Enqueues `op` on `slot` after aligning with the slices' last uses; records the use.
-    /// In scheduler mode `op` runs later: it must own what it uses.
+    /// Enqueues `op` on `slot` after ordering it behind the slices' pending uses; records the use.
+    /// Under the engine lock. In scheduler mode `op` runs later: it must own what it uses.
     template <class Op>
-    void submit(uint32_t slot, std::span<const std::shared_ptr<Slice> *const> slices, Op &&op,
-                Hold extraHold = {});
-    /// Makes queued scheduler work of every slot reach the backend (no-op for async plugins).
-    void executeQueued();
+    void submit(uint32_t slot, std::span<const SlicePtr> slices, Op &&op, Hold extraHold = {});
+    /// Flushes `slot` with a fence (the engine lock is held).
+    Fence fenceLocked(uint32_t slot);
+    /// Work of `slot` reaches the device and the host waits for it, no lock held while waiting.
+    void syncSlot(uint32_t slot);
+    /// Lets the GC catch up when it fell behind (no lock held).
+    void throttle();
 
-    std::shared_ptr<PinnedBlock> pinnedBlock(size_t size);
-    void recyclePinned(std::shared_ptr<PinnedBlock> block);
-    StagingRing &stagingRing(uint32_t slot);
+    // transfers (transfers.cpp)
+    void writeStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                     const std::byte *src, uint64_t size);
     void readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
                     uint64_t size, std::byte *out);
-    EventPtr flushEvent(uint32_t slot);
-
-    const LoadedKernel &kernelFor(const KernelSource &kernel);
-    std::string diskCacheKey(const KernelVariant &variant) const;
+    void writeDirect(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                     const void *src, uint64_t size);
+    void readDirect(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                    uint64_t size, void *out);
 
     std::shared_ptr<Driver> driver_;
     Config config_;
     PoolLayout layout_;
     uint32_t maxStreams_ = 1;
     std::shared_ptr<FreeQueue> freeQueue_;
-    MemoryCounters memoryCounters_;
-    std::vector<FreeRecord> freeScratch_;
+    std::shared_ptr<PluginStreams> streams_;
+    CompletionTracker tracker_;
+    KernelRegistry kernels_;
 
-    std::mutex mutex_;
-    std::unique_ptr<PluginStreams> streams_;
-    std::map<uint32_t, std::unique_ptr<MemoryManager>> managers_;
+    std::atomic<bool> lost_{false};
+    mutable std::mutex lostMutex_;
+    std::string lostReason_;
+    std::vector<Hold> lostHolds_; ///< what failed work used: kept until teardown
+
+    std::mutex mutex_; ///< the engine lock (see the class comment)
+    std::vector<FreeRecord> freeScratch_;
+    std::unique_ptr<MemoryPool> pool_;
     AllocationMode mode_ = AllocationMode::Auto;
     std::unique_ptr<MultiStream> multi_;              ///< async plugins
     std::unique_ptr<SchedulerMultiStream> scheduler_; ///< plugins without async streams
-    std::map<uint32_t, StagingRing> staging_;
-    std::mutex pinnedMutex_;
-    std::multimap<size_t, std::shared_ptr<PinnedBlock>> pinnedCache_;
-    std::unordered_map<uint64_t, std::vector<std::unique_ptr<LoadedKernel>>> kernels_;
+    std::vector<uint64_t> schedulerCursors_;         ///< per slot, scheduler mode
     std::vector<ProfileRecord> profiles_;
     uint64_t nextProfile_ = 1;
     EngineStats counters_; ///< fields the server counts itself
+
+    std::unique_ptr<StagingPool> staging_;
 };
+
+} // namespace backplane::detail
+
+// ----- the submit template (used by compute_server.cpp and transfers.cpp) -----------------------
+
+#include <boost/container/small_vector.hpp>
+
+namespace backplane::detail {
+
+template <class Op>
+void ComputeServer::submit(uint32_t slot, std::span<const SlicePtr> slices, Op &&op,
+                           Hold extraHold) {
+    if (multi_) {
+        // Every pending use of the memory (the slice's own, or inherited from what it reuses) is
+        // aligned with, whichever stream it was on; the op then becomes the slices' last use.
+        boost::container::small_vector<StreamUse, 16> uses;
+        for (SlicePtr s : slices)
+            for (const StreamUse &u : (*s)->uses.uses()) uses.push_back(u);
+        const MultiStream::Resolved r = multi_->resolve(slot, {uses.data(), uses.size()});
+        op(static_cast<bp_stream *>(r.stream));
+        for (SlicePtr s : slices) {
+            (*s)->uses.reset({slot, r.cursor});
+            if ((*s)->homeSlot != slot) multi_->hold(slot, *s);
+        }
+        if (extraHold) multi_->hold(slot, std::move(extraHold));
+        return;
+    }
+    // Scheduler streams: a task runs after the queues of every slot its memory was used on.
+    std::vector<uint32_t> origins;
+    SchedulerTask task;
+    const uint64_t cursor = ++schedulerCursors_[slot];
+    for (SlicePtr s : slices) {
+        for (const StreamUse &u : (*s)->uses.uses())
+            if (u.slot != slot && !tracker_.isComplete(u)) origins.push_back(u.slot);
+        task.holds.push_back(*s);
+        (*s)->uses.reset({slot, cursor});
+    }
+    if (extraHold) task.holds.push_back(std::move(extraHold));
+    task.run = [op = std::forward<Op>(op)](void *stream) mutable {
+        op(static_cast<bp_stream *>(stream));
+    };
+    scheduler_->registerTask(slot, std::move(task), origins);
+}
 
 } // namespace backplane::detail

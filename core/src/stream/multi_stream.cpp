@@ -1,20 +1,12 @@
-// MultiStream alignment (seed 002) and the GC thread that frees cross-stream buffers after events.
+// MultiStream alignment (seed 002) and the GC thread that frees cross-stream holds after fences.
 #include "stream/multi_stream.hpp"
 
 #include <backplane/log.hpp>
 
 namespace backplane::detail {
 
-bool SharedBindingAnalysis::operator==(const SharedBindingAnalysis &other) const {
-    if (slices.size() != other.slices.size()) return false;
-    for (const auto &[slot, holds] : slices) {
-        auto it = other.slices.find(slot);
-        if (it == other.slices.end() || it->second != holds) return false;
-    }
-    return true;
-}
-
-GcThread::GcThread() : thread_([this] { run(); }) {}
+GcThread::GcThread(CompletionTracker &tracker, std::function<void(const std::string &)> onFailure)
+    : tracker_(tracker), onFailure_(std::move(onFailure)), thread_([this] { run(); }) {}
 
 GcThread::~GcThread() {
     {
@@ -23,14 +15,21 @@ GcThread::~GcThread() {
     }
     wake_.notify_all();
     thread_.join();
+    quarantined_.clear();
 }
 
-void GcThread::registerTask(EventPtr event, std::vector<Hold> holds) {
+void GcThread::registerTask(Fence fence, std::vector<Hold> holds) {
     {
         std::lock_guard lock(mutex_);
-        tasks_.emplace_back(std::move(event), std::move(holds));
+        tasks_.emplace_back(std::move(fence), std::move(holds));
     }
     wake_.notify_one();
+}
+
+void GcThread::throttle() {
+    std::unique_lock lock(mutex_);
+    if (tasks_.size() <= kMaxQueued) return;
+    idle_.wait(lock, [&] { return tasks_.size() <= kMaxQueued / 2 || stop_; });
 }
 
 void GcThread::drain() {
@@ -43,6 +42,11 @@ uint64_t GcThread::released() const {
     return released_;
 }
 
+size_t GcThread::queued() const {
+    std::lock_guard lock(mutex_);
+    return tasks_.size();
+}
+
 void GcThread::run() {
     std::unique_lock lock(mutex_);
     for (;;) {
@@ -52,39 +56,66 @@ void GcThread::run() {
         tasks_.pop_front();
         busy_ = true;
         lock.unlock();
+        bool completed = true;
         try {
-            task.first->wait();
+            task.first.event->wait();
+            tracker_.complete(task.first.slot, task.first.cursor);
         } catch (const std::exception &e) {
-            // A failed device leaves nothing to protect; the memory may be reused.
-            log::write(log::Subsystem::Streams, log::Level::Warn,
-                       std::string("GC wait failed: ") + e.what());
+            // The work may still be running or in an unknown state: the memory it used must not
+            // be reused. Report it (the device is marked lost) and keep the holds.
+            completed = false;
+            log::write(log::Subsystem::Streams, log::Level::Error,
+                       std::string("a stream's work failed; its memory is kept: ") + e.what());
+            if (onFailure_) onFailure_(e.what());
         }
         const size_t count = task.second.size();
-        task = {}; // drops holds and the event outside the lock
+        if (completed) {
+            task = {}; // drops the holds and the event outside the lock
+        }
         lock.lock();
-        released_ += count;
+        if (completed) {
+            released_ += count;
+        } else {
+            for (Hold &h : task.second) quarantined_.push_back(std::move(h));
+        }
         busy_ = false;
-        if (tasks_.empty()) idle_.notify_all();
+        idle_.notify_all();
     }
     busy_ = false;
     idle_.notify_all();
 }
 
-MultiStream::MultiStream(EventBackend &backend, uint32_t maxStreams)
-    : backend_(backend), maxStreams_(maxStreams == 0 ? 1 : maxStreams) {}
+MultiStream::MultiStream(std::shared_ptr<EventBackend> backend, uint32_t maxStreams,
+                         CompletionTracker &tracker,
+                         std::function<void(const std::string &)> onFailure)
+    : backend_(std::move(backend)), maxStreams_(maxStreams == 0 ? 1 : maxStreams),
+      tracker_(tracker), onFailure_(onFailure), gc_(tracker, std::move(onFailure)) {}
 
 MultiStream::~MultiStream() {
-    // Streams wait for their work when destroyed; holds go before the streams.
-    for (auto &[index, s] : slots_) s.pendingHolds.clear();
+    // Holds go to the GC with one last fence per slot; what a failed device keeps is dropped
+    // only after the streams are destroyed (destroying a stream waits for its work).
+    std::vector<Hold> late;
+    for (auto &[index, s] : slots_) {
+        if (s.pendingHolds.empty()) continue;
+        try {
+            flush(index);
+        } catch (const std::exception &) {
+            for (Hold &h : s.pendingHolds) late.push_back(std::move(h));
+            s.pendingHolds.clear();
+        }
+    }
     gc_.drain();
-    for (auto &[index, s] : slots_) backend_.destroyStream(s.stream);
+    for (auto &[index, s] : slots_) {
+        s.lastFence = {};
+        backend_->destroyStream(s.stream);
+    }
 }
 
 StreamSlot &MultiStream::slot(uint32_t index) {
     auto it = slots_.find(index);
     if (it != slots_.end()) return it->second;
     StreamSlot s;
-    s.stream = backend_.createStream();
+    s.stream = backend_->createStream();
     return slots_.emplace(index, std::move(s)).first->second;
 }
 
@@ -95,93 +126,104 @@ std::vector<uint32_t> MultiStream::activeSlots() const {
 }
 
 SharedBindingAnalysis MultiStream::updateSharedBindings(uint32_t slotIndex,
-                                                        std::span<const BindingUse> bindings) {
+                                                        std::span<const StreamUse> uses) {
     SharedBindingAnalysis analysis;
     StreamSlot &current = slot(slotIndex);
-    for (const BindingUse &b : bindings) {
-        if (b.slot == slotIndex) continue;
-        auto it = current.lastSynced.find(b.slot);
-        if (it != current.lastSynced.end() && it->second >= b.cursor) continue;
+    for (const StreamUse &u : uses) {
+        if (u.slot == slotIndex || tracker_.isComplete(u)) continue;
+        auto it = current.lastSynced.find(u.slot);
+        if (it != current.lastSynced.end() && it->second >= u.cursor) continue;
         if (log::enabled(log::Subsystem::Streams, log::Level::Trace))
             log::write(log::Subsystem::Streams, log::Level::Trace,
-                       "binding of slot " + std::to_string(b.slot) + " (cursor " +
-                           std::to_string(b.cursor) + ") is shared on slot " +
+                       "a use on slot " + std::to_string(u.slot) + " (cursor " +
+                           std::to_string(u.cursor) + ") is pending for slot " +
                            std::to_string(slotIndex));
-        analysis.slices[b.slot].push_back(b.hold);
+        uint64_t &needed = analysis.origins[u.slot];
+        if (u.cursor > needed) needed = u.cursor;
     }
     return analysis;
 }
 
-EventPtr MultiStream::makeEvent(void *stream) {
+Fence MultiStream::makeFence(uint32_t slotIndex) {
+    StreamSlot &s = slot(slotIndex);
+    Fence fence{std::make_shared<SharedEvent>(backend_, backend_->flush(s.stream)), slotIndex,
+                s.cursor};
     ++eventsCreated_;
-    return std::make_shared<SharedEvent>(backend_, backend_.flush(stream));
+    s.lastFence = fence;
+    return fence;
 }
 
 void MultiStream::applyAnalysis(uint32_t slotIndex, const SharedBindingAnalysis &analysis) {
     if (analysis.empty()) return;
-    std::vector<std::pair<uint32_t, std::pair<uint64_t, EventPtr>>> events;
-    for (const auto &entry : analysis.slices) {
-        StreamSlot &origin = slot(entry.first);
+    std::vector<Fence> fences;
+    for (const auto &[origin, cursor] : analysis.origins) {
         ++alignmentEvents_;
-        events.push_back({entry.first, {origin.cursor, makeEvent(origin.stream)}});
+        fences.push_back(flush(origin));
     }
     StreamSlot &current = slot(slotIndex);
-    for (auto &[origin, cursorEvent] : events) {
-        current.lastSynced[origin] = cursorEvent.first;
+    for (const Fence &fence : fences) {
+        current.lastSynced[fence.slot] = fence.cursor;
         if (log::enabled(log::Subsystem::Streams, log::Level::Debug))
             log::write(log::Subsystem::Streams, log::Level::Debug,
                        "slot " + std::to_string(slotIndex) + " waits on slot " +
-                           std::to_string(origin));
-        backend_.waitEvent(current.stream, cursorEvent.second->get());
+                           std::to_string(fence.slot));
+        backend_->waitEvent(current.stream, fence.event->get());
         ++streamWaits_;
     }
 }
 
-MultiStream::Resolved MultiStream::resolve(uint32_t slotIndex,
-                                           std::span<const BindingUse> bindings) {
-    Resolved r;
-    r.slot = slotIndex;
-    r.analysis = updateSharedBindings(slotIndex, bindings);
-    applyAnalysis(slotIndex, r.analysis);
+MultiStream::Resolved MultiStream::resolve(uint32_t slotIndex, std::span<const StreamUse> uses) {
+    applyAnalysis(slotIndex, updateSharedBindings(slotIndex, uses));
     StreamSlot &s = slot(slotIndex);
     ++s.cursor;
-    r.stream = s.stream;
-    r.cursor = s.cursor;
-    return r;
+    return {slotIndex, s.stream, s.cursor};
 }
 
-void MultiStream::finish(Resolved &resolved) {
-    if (resolved.analysis.empty()) return;
-    // The shared buffers stay held by this slot until its next event (a read, a sync, a staging
-    // chunk, or the bound on pending holds), which the GC thread then waits for. Flushing an
-    // event here after every cross-stream operation, as seed 002 does, doubles the events of a
-    // dependency for no extra safety.
-    StreamSlot &s = slot(resolved.slot);
-    for (auto &[origin, list] : resolved.analysis.slices)
-        for (Hold &h : list) s.pendingHolds.push_back(std::move(h));
-    resolved.analysis.slices.clear();
-}
-
-void MultiStream::releasePendingHolds(uint32_t slotIndex) {
-    ++alignmentEvents_;
-    flushWithEvent(slotIndex);
-}
-
-EventPtr MultiStream::flushWithEvent(uint32_t slotIndex) {
+void MultiStream::hold(uint32_t slotIndex, Hold hold) {
     StreamSlot &s = slot(slotIndex);
-    EventPtr event = makeEvent(s.stream);
-    if (!s.pendingHolds.empty()) {
-        gc_.registerTask(event, std::move(s.pendingHolds));
-        s.pendingHolds.clear();
+    if (!s.pendingSet.insert(hold.get()).second) return;
+    s.pendingHolds.push_back(std::move(hold));
+    if (s.pendingHolds.size() > kMaxPendingHolds) {
+        ++alignmentEvents_;
+        flush(slotIndex);
     }
-    return event;
 }
 
-void MultiStream::sync(uint32_t slotIndex) {
+Fence MultiStream::flush(uint32_t slotIndex) {
+    Fence fence = makeFence(slotIndex);
     StreamSlot &s = slot(slotIndex);
-    EventPtr event = makeEvent(s.stream);
-    event->wait();
+    if (!s.pendingHolds.empty()) {
+        gc_.registerTask(fence, std::move(s.pendingHolds));
+        s.pendingHolds.clear();
+        s.pendingSet.clear();
+    }
+    return fence;
+}
+
+Fence MultiStream::flushTakingHolds(uint32_t slotIndex, std::vector<Hold> &holds) {
+    Fence fence = makeFence(slotIndex);
+    StreamSlot &s = slot(slotIndex);
+    for (Hold &h : s.pendingHolds) holds.push_back(std::move(h));
     s.pendingHolds.clear();
+    s.pendingSet.clear();
+    return fence;
+}
+
+Fence MultiStream::fenceCovering(uint32_t slotIndex, uint64_t cursor) {
+    StreamSlot &s = slot(slotIndex);
+    if (s.lastFence && s.lastFence.cursor >= cursor) return s.lastFence;
+    return flush(slotIndex);
+}
+
+void MultiStream::pollCompletion() {
+    for (auto &[index, s] : slots_) {
+        if (!s.lastFence || tracker_.completed(index) >= s.lastFence.cursor) continue;
+        try {
+            if (s.lastFence.event->query()) tracker_.complete(index, s.lastFence.cursor);
+        } catch (const std::exception &e) {
+            if (onFailure_) onFailure_(e.what());
+        }
+    }
 }
 
 } // namespace backplane::detail

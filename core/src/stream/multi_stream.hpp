@@ -1,21 +1,28 @@
 // MultiStream: per-stream cursors and lazy cross-stream alignment with events, plus the GC thread.
 #pragma once
 
+#include "stream/hazards.hpp"
+
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace backplane::detail {
 
 /// The stream/event contract MultiStream drives (the plugin's, or a fake in tests). Handles are
-/// opaque pointers. Events are released exactly once with releaseEvent.
+/// opaque pointers. Events are released exactly once with releaseEvent, possibly after the
+/// stream they came from was destroyed and from any thread.
 class EventBackend {
 public:
     virtual ~EventBackend() = default;
@@ -25,63 +32,86 @@ public:
     virtual void *flush(void *stream) = 0;
     /// Later work of `stream` starts after `event`; the event stays the caller's.
     virtual void waitEvent(void *stream, void *event) = 0;
-    /// Blocks the host until `event` completed. May throw.
+    /// Blocks the host until `event` completed. Throws when the work before it failed.
     virtual void waitEventSync(void *event) = 0;
+    /// True when `event` completed; never blocks. Throws like waitEventSync.
+    virtual bool queryEvent(void *event) = 0;
     virtual void releaseEvent(void *event) = 0;
 };
 
-/// An event shared between its users (the waiting host, the GC thread); released when the last
-/// reference goes.
+/// An event shared between its users (waiting hosts, the GC thread, a ReadFuture); released when
+/// the last reference goes. Keeps its backend alive, so it may outlive the engine that made it.
 class SharedEvent {
 public:
-    SharedEvent(EventBackend &backend, void *event) : backend_(backend), event_(event) {}
-    ~SharedEvent() { backend_.releaseEvent(event_); }
+    SharedEvent(std::shared_ptr<EventBackend> backend, void *event)
+        : backend_(std::move(backend)), event_(event) {}
+    ~SharedEvent() { backend_->releaseEvent(event_); }
     SharedEvent(const SharedEvent &) = delete;
     SharedEvent &operator=(const SharedEvent &) = delete;
     void *get() const noexcept { return event_; }
-    void wait() { backend_.waitEventSync(event_); }
+    void wait() { backend_->waitEventSync(event_); }
+    bool query() { return backend_->queryEvent(event_); }
 
 private:
-    EventBackend &backend_;
+    std::shared_ptr<EventBackend> backend_;
     void *event_;
 };
 using EventPtr = std::shared_ptr<SharedEvent>;
 
-/// Something to keep alive until an event completed (a Slice, a pinned staging block...).
-using Hold = std::shared_ptr<void>;
-
-/// One buffer used by an operation: the slot and cursor of its last use, and what to hold.
-struct BindingUse {
+/// A completion point of one stream slot: `event` completes once the slot's operations up to
+/// `cursor` completed. Empty (no event) means "nothing to wait for".
+struct Fence {
+    EventPtr event;
     uint32_t slot = 0;
     uint64_t cursor = 0;
-    Hold hold;
+    explicit operator bool() const noexcept { return event != nullptr; }
 };
 
-/// Which origin slots an operation must wait for, and the buffers involved per origin.
+/// Something to keep alive until a fence completed (a Slice, a pinned block, a read's buffer).
+using Hold = std::shared_ptr<void>;
+
+/// Which origin slots an operation must wait for, with the newest cursor needed from each.
 struct SharedBindingAnalysis {
-    std::map<uint32_t, std::vector<Hold>> slices;
-    bool empty() const { return slices.empty(); }
-    bool operator==(const SharedBindingAnalysis &other) const;
+    std::map<uint32_t, uint64_t> origins;
+    bool empty() const { return origins.empty(); }
+    bool operator==(const SharedBindingAnalysis &other) const = default;
 };
 
-/// Releases holds once their event completed, on its own thread (seed 002's GcThread).
+/// Releases holds once their fence completed, on its own thread (seed 002's GcThread), and
+/// records the completion. A failed wait does not release: it reports the failure (the engine
+/// marks the device lost) and keeps the holds until the thread stops.
 class GcThread {
 public:
-    GcThread();
+    /// Tasks queued beyond this make throttle() wait (the seed's bounded channel).
+    static constexpr size_t kMaxQueued = 64;
+
+    GcThread(CompletionTracker &tracker, std::function<void(const std::string &)> onFailure);
+    /// Waits for every queued task, then joins.
     ~GcThread();
     GcThread(const GcThread &) = delete;
     GcThread &operator=(const GcThread &) = delete;
-    void registerTask(EventPtr event, std::vector<Hold> holds);
-    /// Blocks until every task registered so far has been released.
+
+    /// Queues `holds` until `fence` completed. Never blocks (it is called under the engine lock).
+    void registerTask(Fence fence, std::vector<Hold> holds);
+    /// Backpressure: blocks while more than kMaxQueued tasks wait. Call it without locks held.
+    void throttle();
+    /// Blocks until every task registered so far has been handled.
     void drain();
+    /// Holds released after their fence completed (each hold counted once).
     uint64_t released() const;
+    /// Tasks waiting (for tests).
+    size_t queued() const;
 
 private:
     void run();
+
+    CompletionTracker &tracker_;
+    std::function<void(const std::string &)> onFailure_;
     mutable std::mutex mutex_;
     std::condition_variable wake_;
     std::condition_variable idle_;
-    std::deque<std::pair<EventPtr, std::vector<Hold>>> tasks_;
+    std::deque<std::pair<Fence, std::vector<Hold>>> tasks_;
+    std::vector<Hold> quarantined_; ///< holds of failed fences: kept until the thread stops
     bool busy_ = false;
     bool stop_ = false;
     uint64_t released_ = 0;
@@ -92,31 +122,37 @@ private:
 struct StreamSlot {
     void *stream = nullptr;
     uint64_t cursor = 0;
-    std::unordered_map<uint32_t, uint64_t> lastSynced; ///< origin slot -> its cursor at the sync
-    std::vector<Hold> pendingHolds; ///< foreign buffers used here, held until this slot's next event
+    std::unordered_map<uint32_t, uint64_t> lastSynced; ///< origin slot -> its cursor at the wait
+    std::vector<Hold> pendingHolds; ///< held until this slot's next fence completed
+    std::unordered_set<const void *> pendingSet; ///< the same, to hold each object once
+    Fence lastFence;                ///< newest fence flushed on this slot
 };
 
 /// Streams of one device with the alignment of seed 002. Not thread-safe: the server calls it
-/// under its lock. Stream slots are created lazily; slot = stream id % maxStreams.
+/// under its engine lock; it never blocks (waits happen in the callers, outside the lock).
+/// Stream slots are created lazily; slot = stream id % maxStreams.
 class MultiStream {
 public:
-    MultiStream(EventBackend &backend, uint32_t maxStreams);
+    /// Pending holds of one slot beyond this are flushed with their own fence.
+    static constexpr size_t kMaxPendingHolds = 256;
+
+    MultiStream(std::shared_ptr<EventBackend> backend, uint32_t maxStreams,
+                CompletionTracker &tracker, std::function<void(const std::string &)> onFailure);
+    /// Hands pending holds to the GC, waits for it, destroys the streams (which wait for their
+    /// work), and only then drops what was still held.
     ~MultiStream();
     MultiStream(const MultiStream &) = delete;
     MultiStream &operator=(const MultiStream &) = delete;
 
     uint32_t maxStreams() const noexcept { return maxStreams_; }
-    uint32_t slotOf(uint64_t streamId) const noexcept {
-        return static_cast<uint32_t>(streamId % maxStreams_);
-    }
     StreamSlot &slot(uint32_t index);
-    bool hasSlot(uint32_t index) const { return slots_.count(index) != 0; }
     std::vector<uint32_t> activeSlots() const;
 
-    /// The origins `bindings` need on `slot` that it has not synced with (no side effects).
-    SharedBindingAnalysis updateSharedBindings(uint32_t slot, std::span<const BindingUse> bindings);
-    /// Aligns `slot` with the analysis: flushes each origin (one event each) and makes `slot`
-    /// wait on it; records last_synced.
+    /// The origins the uses need on `slot` that it is not yet ordered after (no side effects):
+    /// uses of `slot` itself, uses known complete and uses covered by an earlier wait are skipped.
+    SharedBindingAnalysis updateSharedBindings(uint32_t slot, std::span<const StreamUse> uses);
+    /// Aligns `slot` with the analysis: flushes each origin (one fence each) and makes `slot`
+    /// wait on it on the device; records lastSynced.
     void applyAnalysis(uint32_t slot, const SharedBindingAnalysis &analysis);
 
     /// What resolve() returns: the stream to enqueue on and the cursor of this operation.
@@ -124,22 +160,22 @@ public:
         uint32_t slot = 0;
         void *stream = nullptr;
         uint64_t cursor = 0;
-        SharedBindingAnalysis analysis;
     };
-    /// Aligns and advances the cursor of `slot`; enqueue the operation on `stream` next, then
-    /// call finish().
-    Resolved resolve(uint32_t slot, std::span<const BindingUse> bindings);
-    /// After the operation: the analysis's cross-stream buffers join `slot`'s pending holds, so
-    /// their memory is reused only after an event of `slot` flushed after this use completed.
-    void finish(Resolved &resolved);
-    /// Flushes `slot` with an event only to hand its pending holds to the GC (counted as an
-    /// alignment event); used when too many holds accumulated.
-    void releasePendingHolds(uint32_t slot);
+    /// Aligns `slot` after `uses` and advances its cursor; enqueue the operation on `stream` next.
+    Resolved resolve(uint32_t slot, std::span<const StreamUse> uses);
 
-    /// Flushes `slot` with an event; hands the slot's pending holds to the GC with it.
-    EventPtr flushWithEvent(uint32_t slot);
-    /// Waits on the host for all work of `slot`; releases its pending holds.
-    void sync(uint32_t slot);
+    /// Keeps `hold` alive until a fence of `slot` flushed later completed (each object once).
+    void hold(uint32_t slot, Hold hold);
+    /// Flushes `slot` with a fence; its pending holds go to the GC with it.
+    Fence flush(uint32_t slot);
+    /// Flushes `slot` with a fence and moves its pending holds to `holds` (the caller drops them
+    /// after waiting on the fence: sync).
+    Fence flushTakingHolds(uint32_t slot, std::vector<Hold> &holds);
+    /// The newest fence of `slot` covering `cursor`: the last one flushed if it does, else a new
+    /// one. For the memory pool, to learn later (by query) whether that work completed.
+    Fence fenceCovering(uint32_t slot, uint64_t cursor);
+    /// Queries the newest fence of every slot (never blocks) and records completions.
+    void pollCompletion();
 
     GcThread &gc() noexcept { return gc_; }
     uint64_t eventsCreated() const noexcept { return eventsCreated_; }
@@ -147,15 +183,17 @@ public:
     uint64_t streamWaits() const noexcept { return streamWaits_; }
 
 private:
-    EventPtr makeEvent(void *stream);
+    Fence makeFence(uint32_t slot);
 
-    EventBackend &backend_;
+    std::shared_ptr<EventBackend> backend_;
     uint32_t maxStreams_;
+    CompletionTracker &tracker_;
+    std::function<void(const std::string &)> onFailure_;
     std::map<uint32_t, StreamSlot> slots_;
     uint64_t eventsCreated_ = 0;
     uint64_t alignmentEvents_ = 0;
     uint64_t streamWaits_ = 0;
-    GcThread gc_; // last: joined first, before the slots' streams are destroyed
+    GcThread gc_; // last: stopped first, before the slots' streams are destroyed
 };
 
 } // namespace backplane::detail

@@ -1,5 +1,5 @@
-// Pools of one stream slot: first-fit sliced pages, exclusive pages, persistent pages.
-#include "memory/memory_manager.hpp"
+// Pools of one device: first-fit sliced pages, exclusive pages, persistent pages, with hazards.
+#include "memory/memory_pool.hpp"
 
 #include <backplane/log.hpp>
 
@@ -48,14 +48,13 @@ PoolLayout computePoolLayout(const DeviceInfo &info, const Config &config) {
         layout.slicedPageBytes.push_back(p);
         layout.slicedMaxSlice.push_back(std::max(p / 8, layout.alignment));
     }
+    layout.releaseIdleAfter = std::chrono::milliseconds(config.releaseIdleAfterMs);
     return layout;
 }
 
-MemoryManager::MemoryManager(std::shared_ptr<Driver> driver, const PoolLayout &layout,
-                             uint32_t slot, std::shared_ptr<FreeQueue> queue,
-                             MemoryCounters &counters)
-    : driver_(std::move(driver)), layout_(layout), slot_(slot), queue_(std::move(queue)),
-      counters_(counters) {
+MemoryPool::MemoryPool(std::shared_ptr<Driver> driver, const PoolLayout &layout,
+                       std::shared_ptr<FreeQueue> queue, const CompletionTracker &tracker)
+    : driver_(std::move(driver)), layout_(layout), queue_(std::move(queue)), tracker_(tracker) {
     for (size_t i = 0; i < layout_.slicedPageBytes.size(); ++i) {
         Pool pool;
         pool.name = "sliced " + mib(layout_.slicedPageBytes[i]);
@@ -78,27 +77,34 @@ MemoryManager::MemoryManager(std::shared_ptr<Driver> driver, const PoolLayout &l
     pools_.push_back(std::move(persistent));
 }
 
-MemoryManager::~MemoryManager() = default;
+MemoryPool::~MemoryPool() = default;
 
-MemoryManager::Page &MemoryManager::newPage(Pool &pool, uint64_t bytes) {
+MemoryPool::Page &MemoryPool::newPage(Pool &pool, uint64_t bytes) {
     auto page = std::make_unique<Page>();
     page->memory = driver_->allocate(BP_MEMORY_DEVICE, bytes);
-    page->freeRanges.emplace(0, bytes);
-    ++counters_.pageAllocations;
+    page->freeRanges.emplace(0, FreeRange{bytes, {}});
+    ++pageAllocations_;
     if (log::enabled(log::Subsystem::Memory, log::Level::Debug))
         log::write(log::Subsystem::Memory, log::Level::Debug,
-                   "slot " + std::to_string(slot_) + ": new page of " + mib(bytes) + " for " +
-                       pool.name);
+                   "new page of " + mib(bytes) + " for " + pool.name);
     pool.pages.push_back(std::move(page));
     return *pool.pages.back();
 }
 
-std::shared_ptr<Slice> MemoryManager::carve(uint32_t poolIndex, Page &page, uint64_t offset,
-                                            uint64_t reserved, uint64_t size) {
+bool MemoryPool::cleanFor(const FreeRange &range, uint32_t slot) const {
+    for (const StreamUse &u : range.hazards.uses())
+        if (u.slot != slot && !tracker_.isComplete(u)) return false;
+    return true;
+}
+
+std::shared_ptr<Slice> MemoryPool::carve(uint32_t poolIndex, Page &page, uint64_t offset,
+                                         uint64_t reserved, uint64_t size, uint32_t slot) {
     auto it = page.freeRanges.find(offset);
-    const uint64_t rangeSize = it->second;
+    FreeRange range = std::move(it->second);
     page.freeRanges.erase(it);
-    if (rangeSize > reserved) page.freeRanges.emplace(offset + reserved, rangeSize - reserved);
+    range.hazards.prune(tracker_);
+    if (range.size > reserved)
+        page.freeRanges.emplace(offset + reserved, FreeRange{range.size - reserved, range.hazards});
     ++page.live;
     page.idleChecks = 0;
     Pool &pool = pools_[poolIndex];
@@ -110,35 +116,45 @@ std::shared_ptr<Slice> MemoryManager::carve(uint32_t poolIndex, Page &page, uint
     slice->memory = page.memory.memory.get();
     slice->offset = offset;
     slice->size = size;
-    slice->record = {slot_, poolIndex, &page, offset, reserved, size};
+    slice->record = {poolIndex, &page, offset, reserved, size, {}};
     slice->queue = queue_;
-    slice->lastSlot = slot_;
-    slice->lastCursor = 0;
+    slice->homeSlot = slot;
+    slice->uses = std::move(range.hazards); // the new buffer is ordered after the old uses
     return slice;
 }
 
-std::shared_ptr<Slice> MemoryManager::reserve(uint64_t size, AllocationMode mode) {
+std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, uint32_t slot) {
     if (size == 0) size = 1;
-    if (++reservesSinceCheck_ >= layout_.deallocPeriod) periodicCheck();
+    ++reservesSinceCheck_;
     const uint64_t reserved = alignUp(size, layout_.alignment);
 
     if (mode == AllocationMode::Persistent) {
         Pool &pool = pools_[persistentIndex_];
         for (auto &page : pool.pages)
             if (page->live == 0 && page->memory.size == reserved)
-                return carve(persistentIndex_, *page, 0, reserved, size);
+                return carve(persistentIndex_, *page, 0, reserved, size, slot);
         Page &page = newPage(pool, reserved);
-        return carve(persistentIndex_, page, 0, reserved, size);
+        return carve(persistentIndex_, page, 0, reserved, size, slot);
     }
 
     for (uint32_t i = 0; i < exclusiveIndex_; ++i) {
         Pool &pool = pools_[i];
         if (reserved > pool.maxSlice) continue;
+        // First fit, preferring a range no other stream still uses (no cross-stream wait).
+        Page *firstPage = nullptr;
+        uint64_t firstOffset = 0;
         for (auto &page : pool.pages)
-            for (const auto &[offset, bytes] : page->freeRanges)
-                if (bytes >= reserved) return carve(i, *page, offset, reserved, size);
+            for (const auto &[offset, range] : page->freeRanges) {
+                if (range.size < reserved) continue;
+                if (cleanFor(range, slot)) return carve(i, *page, offset, reserved, size, slot);
+                if (firstPage == nullptr) {
+                    firstPage = page.get();
+                    firstOffset = offset;
+                }
+            }
+        if (firstPage != nullptr) return carve(i, *firstPage, firstOffset, reserved, size, slot);
         Page &page = newPage(pool, pool.pageBytes);
-        return carve(i, page, 0, reserved, size);
+        return carve(i, page, 0, reserved, size, slot);
     }
 
     // Exclusive: one allocation per page; reuse an idle page that is not much larger.
@@ -157,72 +173,82 @@ std::shared_ptr<Slice> MemoryManager::reserve(uint64_t size, AllocationMode mode
     if (best == nullptr)
         best = &newPage(pool, std::min(alignUp(reserved, layout_.exclusiveRounding),
                                        std::max(reserved, layout_.maxAllocationBytes)));
-    return carve(exclusiveIndex_, *best, 0, reserved, size);
+    return carve(exclusiveIndex_, *best, 0, reserved, size, slot);
 }
 
-void MemoryManager::release(const FreeRecord &record) {
+void MemoryPool::release(FreeRecord &&record) {
     Pool &pool = pools_[record.pool];
     auto *page = static_cast<Page *>(record.page);
     pool.bytesInUse -= record.requested;
     pool.bytesPadding -= record.reserved - record.requested;
     --pool.allocations;
-    --page->live;
+    if (--page->live == 0) page->idleSince = Clock::now();
+    record.hazards.prune(tracker_);
     if (pool.kind != PoolKind::Sliced) {
+        // One allocation per page: the page becomes one range with every hazard it had.
+        FreeRange whole{page->memory.size, std::move(record.hazards)};
+        for (const auto &[offset, range] : page->freeRanges) whole.hazards.merge(range.hazards);
         page->freeRanges.clear();
-        page->freeRanges.emplace(0, page->memory.size);
+        page->freeRanges.emplace(0, std::move(whole));
         return;
     }
+    FreeRange freed{record.reserved, std::move(record.hazards)};
     uint64_t offset = record.offset;
-    uint64_t bytes = record.reserved;
     auto next = page->freeRanges.lower_bound(offset);
-    if (next != page->freeRanges.end() && offset + bytes == next->first) {
-        bytes += next->second;
+    if (next != page->freeRanges.end() && offset + freed.size == next->first) {
+        freed.size += next->second.size;
+        freed.hazards.merge(next->second.hazards);
         next = page->freeRanges.erase(next);
     }
     if (next != page->freeRanges.begin()) {
         auto prev = std::prev(next);
-        if (prev->first + prev->second == offset) {
-            prev->second += bytes;
+        if (prev->first + prev->second.size == offset) {
+            prev->second.size += freed.size;
+            prev->second.hazards.merge(freed.hazards);
             return;
         }
     }
-    page->freeRanges.emplace(offset, bytes);
+    page->freeRanges.emplace(offset, std::move(freed));
 }
 
-void MemoryManager::periodicCheck() {
-    reservesSinceCheck_ = 0;
-    for (Pool &pool : pools_) {
-        if (pool.kind == PoolKind::Persistent) continue;
-        auto &pages = pool.pages;
-        for (auto &page : pages) page->idleChecks = page->live == 0 ? page->idleChecks + 1 : 0;
-        const auto removed = std::remove_if(pages.begin(), pages.end(), [&](const auto &page) {
-            return page->live == 0 && page->idleChecks > layout_.idleChecksBeforeRelease;
-        });
-        counters_.pageReleases += static_cast<uint64_t>(pages.end() - removed);
-        pages.erase(removed, pages.end());
-    }
+bool MemoryPool::releaseDue(Clock::time_point now) const {
+    return reservesSinceCheck_ >= layout_.deallocPeriod ||
+           now - lastCheck_ >= layout_.releaseIdleAfter / 2;
 }
 
-void MemoryManager::cleanup(bool everything) {
+void MemoryPool::releaseIdle(bool everything, Clock::time_point now, const SettledFn &settled) {
     if (!everything) {
-        periodicCheck();
-        return;
+        reservesSinceCheck_ = 0;
+        lastCheck_ = now;
     }
     for (Pool &pool : pools_) {
+        if (pool.kind == PoolKind::Persistent && !everything) continue;
         auto &pages = pool.pages;
-        const auto removed = std::remove_if(pages.begin(), pages.end(),
-                                            [](const auto &page) { return page->live == 0; });
-        counters_.pageReleases += static_cast<uint64_t>(pages.end() - removed);
-        pages.erase(removed, pages.end());
+        const auto released = std::remove_if(pages.begin(), pages.end(), [&](const auto &page) {
+            if (page->live != 0) {
+                page->idleChecks = 0;
+                return false;
+            }
+            if (!everything) ++page->idleChecks;
+            const bool due = everything || page->idleChecks > layout_.idleChecksBeforeRelease ||
+                             now - page->idleSince >= layout_.releaseIdleAfter;
+            if (!due) return false;
+            // Every use of the page's memory must have completed before the plugin gets it back.
+            Hazards uses;
+            for (const auto &[offset, range] : page->freeRanges) uses.merge(range.hazards);
+            uses.prune(tracker_);
+            return uses.empty() || settled(uses);
+        });
+        pageReleases_ += static_cast<uint64_t>(pages.end() - released);
+        pages.erase(released, pages.end());
     }
 }
 
-void MemoryManager::appendUsage(MemoryUsage &usage) const {
+void MemoryPool::appendUsage(MemoryUsage &usage) const {
     for (const Pool &pool : pools_) {
         if (pool.pages.empty()) continue;
         PoolUsage p;
         p.name = pool.name;
-        p.streamSlot = slot_;
         p.pageBytes = pool.pageBytes;
         p.maxSliceBytes = pool.maxSlice;
         p.pages = static_cast<uint32_t>(pool.pages.size());

@@ -1,0 +1,117 @@
+// MemoryPool: the pools of one device (sliced ladder, exclusive, persistent), shared by its streams.
+#pragma once
+
+#include "memory/slice.hpp"
+#include "server/driver.hpp"
+
+#include <backplane/client.hpp>
+#include <backplane/config.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace backplane::detail {
+
+/// Sizes of the pools, derived once per device (docs/memory.md explains them).
+struct PoolLayout {
+    uint64_t alignment = 256;              ///< max(binding_alignment, 256)
+    std::vector<uint64_t> slicedPageBytes; ///< ascending page sizes of the sliced ladder
+    std::vector<uint64_t> slicedMaxSlice;  ///< largest request each sliced pool serves
+    uint64_t maxAllocationBytes = 0;       ///< device limit for one page
+    uint64_t exclusiveRounding = 1 << 20;  ///< exclusive pages are rounded to this
+    uint32_t deallocPeriod = 1000;         ///< reserves between checks for idle pages
+    uint32_t idleChecksBeforeRelease = 2;  ///< checks a page must be seen idle at
+    std::chrono::milliseconds releaseIdleAfter{1000}; ///< or idle at least this long
+};
+
+/// The ladder: pages of memory/4, then /4 per step down to 32 MiB (one smaller page when the
+/// device is tiny), capped by config.maxPageBytes and the device's max_allocation_bytes; each
+/// pool serves requests up to page/8. Larger requests use exclusive pages.
+PoolLayout computePoolLayout(const DeviceInfo &info, const Config &config);
+
+/// The pools of one device. One set of pools serves every stream slot, so the footprint does not
+/// grow with the number of streams; safety comes from hazards instead of per-stream pools: a freed
+/// range keeps the uses of what was freed into it, a slice carved from it inherits them (the
+/// engine orders the slice's first use after them, on whichever stream), and a page goes back to
+/// the plugin only when every use of it completed. Not thread-safe: the server calls it under its
+/// engine lock. Slices it hands out return through the FreeQueue and are applied with release().
+class MemoryPool {
+public:
+    using Clock = std::chrono::steady_clock;
+    /// Answers whether every use in a set completed (it may start a fence so a later call can).
+    using SettledFn = std::function<bool(const Hazards &)>;
+
+    MemoryPool(std::shared_ptr<Driver> driver, const PoolLayout &layout,
+               std::shared_ptr<FreeQueue> queue, const CompletionTracker &tracker);
+    ~MemoryPool();
+    MemoryPool(const MemoryPool &) = delete;
+    MemoryPool &operator=(const MemoryPool &) = delete;
+
+    /// A slice of at least `size` bytes for stream slot `slot`, with the hazards of the memory it
+    /// reuses. Prefers memory with no pending use on another slot. Throws Error(OutOfMemory) when
+    /// the plugin refuses a new page (the server then cleans up and retries once).
+    std::shared_ptr<Slice> reserve(uint64_t size, AllocationMode mode, uint32_t slot);
+    /// Takes a slice back (its page stays cached).
+    void release(FreeRecord &&record);
+    /// True when the periodic release of idle pages is due (every deallocPeriod reserves, and
+    /// at least twice per releaseIdleAfter).
+    bool releaseDue(Clock::time_point now) const;
+    /// Returns idle pages (no live slice) whose uses all completed per `settled`: all of them when
+    /// `everything` (persistent pages included), else those seen idle at more than
+    /// idleChecksBeforeRelease checks or idle for releaseIdleAfter.
+    void releaseIdle(bool everything, Clock::time_point now, const SettledFn &settled);
+    /// Appends the pools that hold pages.
+    void appendUsage(MemoryUsage &usage) const;
+
+    uint64_t pageAllocations() const noexcept { return pageAllocations_; }
+    uint64_t pageReleases() const noexcept { return pageReleases_; }
+
+private:
+    enum class PoolKind { Sliced, Exclusive, Persistent };
+    struct FreeRange {
+        uint64_t size = 0;
+        Hazards hazards; ///< uses of the memory freed into this range, not known complete
+    };
+    struct Page {
+        MemoryPage memory;
+        std::map<uint64_t, FreeRange> freeRanges; ///< offset -> range, coalesced
+        uint32_t live = 0;
+        uint32_t idleChecks = 0;
+        Clock::time_point idleSince;
+    };
+    struct Pool {
+        std::string name;
+        PoolKind kind = PoolKind::Sliced;
+        uint64_t pageBytes = 0;
+        uint64_t maxSlice = 0;
+        std::vector<std::unique_ptr<Page>> pages;
+        uint64_t bytesInUse = 0;
+        uint64_t bytesPadding = 0;
+        uint64_t allocations = 0;
+    };
+
+    std::shared_ptr<Slice> carve(uint32_t poolIndex, Page &page, uint64_t offset,
+                                 uint64_t reserved, uint64_t size, uint32_t slot);
+    Page &newPage(Pool &pool, uint64_t bytes);
+    /// True when the range has no pending use on a slot other than `slot`.
+    bool cleanFor(const FreeRange &range, uint32_t slot) const;
+
+    std::shared_ptr<Driver> driver_;
+    PoolLayout layout_;
+    std::shared_ptr<FreeQueue> queue_;
+    const CompletionTracker &tracker_;
+    std::vector<Pool> pools_; ///< sliced ladder..., exclusive, persistent
+    uint32_t exclusiveIndex_ = 0;
+    uint32_t persistentIndex_ = 0;
+    uint64_t reservesSinceCheck_ = 0;
+    Clock::time_point lastCheck_ = Clock::now();
+    uint64_t pageAllocations_ = 0;
+    uint64_t pageReleases_ = 0;
+};
+
+} // namespace backplane::detail

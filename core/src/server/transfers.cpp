@@ -1,0 +1,341 @@
+// ComputeServer transfers: pageable writes and reads through the staging pool, pinned transfers,
+// device copies and fills. Host memcpy and every wait run with no lock held.
+#include "server/compute_server.hpp"
+
+#include "memory/parallel_copy.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace backplane::detail {
+namespace {
+
+// Rejects a host transfer that does not fit the buffer (a caller error, not a plugin one).
+void checkTransferRange(const Slice &slice, uint64_t offset, uint64_t size, const char *what) {
+    if (offset > slice.size || size > slice.size - offset)
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string(what) + " of " + std::to_string(size) + " bytes at offset " +
+                        std::to_string(offset) + " overruns a buffer of " +
+                        std::to_string(slice.size) + " bytes");
+}
+
+} // namespace
+
+// ----- pageable memory through staging ----------------------------------------------------------
+
+void ComputeServer::writeDirect(uint32_t slot, const std::shared_ptr<Slice> &slice,
+                                uint64_t offset, const void *src, uint64_t size) {
+    // No staging block: the plugin copies from the caller's memory, which must stay valid until
+    // the copy completed, so this waits.
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    Fence fence;
+    {
+        std::lock_guard lock(mutex_);
+        submit(slot, slices, [&](bp_stream *s) {
+            driver->copyHostToDevice(s, src, slice->memory, slice->offset + offset, size);
+        });
+        fence = fenceLocked(slot);
+    }
+    waitFence(fence);
+}
+
+void ComputeServer::readDirect(uint32_t slot, const std::shared_ptr<Slice> &slice,
+                               uint64_t offset, uint64_t size, void *out) {
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    Fence fence;
+    {
+        std::lock_guard lock(mutex_);
+        submit(slot, slices, [&](bp_stream *s) {
+            driver->copyDeviceToHost(s, slice->memory, slice->offset + offset, out, size);
+        });
+        fence = fenceLocked(slot);
+    }
+    waitFence(fence);
+}
+
+void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &slice,
+                                uint64_t offset, const std::byte *src, uint64_t size) {
+    const uint64_t chunk = staging_->blockBytes();
+    const uint64_t count = (size + chunk - 1) / chunk;
+    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)));
+    if (leases.empty()) {
+        writeDirect(slot, slice, offset, src, size);
+        return;
+    }
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    // Double buffering: chunk i+1 is copied into one block while chunk i is in flight from the
+    // other. Each block is reused only after the fence of its previous copy.
+    for (uint64_t i = 0; i < count; ++i) {
+        StagingLease &lease = leases[i % leases.size()];
+        Fence &ready = lease.block().ready;
+        waitFence(ready); // this transfer's copy from the same block, two chunks ago
+        ready = {};
+        const uint64_t at = i * chunk;
+        const uint64_t n = std::min(chunk, size - at);
+        ParallelCopy::shared().copy(lease.data(), src + at, n);
+        std::lock_guard lock(mutex_);
+        submit(slot, slices, [&](bp_stream *s) {
+            driver->copyHostToDevice(s, lease.data(), slice->memory, slice->offset + offset + at,
+                                     n);
+        });
+        ready = fenceLocked(slot);
+    }
+    // The leases go back to the pool with their fences: no one touches a block before its copy
+    // completed, and the pool never frees one before that either.
+}
+
+void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                               uint64_t size, std::byte *out) {
+    const uint64_t chunk = staging_->blockBytes();
+    const uint64_t count = (size + chunk - 1) / chunk;
+    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)));
+    if (leases.empty()) {
+        readDirect(slot, slice, offset, size, out);
+        return;
+    }
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    const uint64_t depth = leases.size();
+    auto drain = [&](uint64_t i) {
+        StagingLease &lease = leases[i % depth];
+        waitFence(lease.block().ready);
+        lease.block().ready = {};
+        const uint64_t at = i * chunk;
+        ParallelCopy::shared().copy(out + at, lease.data(), std::min(chunk, size - at));
+    };
+    for (uint64_t i = 0; i < count; ++i) {
+        if (i >= depth) drain(i - depth); // chunk i-1 is in flight while chunk i-2 is copied out
+        StagingLease &lease = leases[i % depth];
+        const uint64_t at = i * chunk;
+        const uint64_t n = std::min(chunk, size - at);
+        std::lock_guard lock(mutex_);
+        submit(slot, slices, [&](bp_stream *s) {
+            driver->copyDeviceToHost(s, slice->memory, slice->offset + offset + at, lease.data(),
+                                     n);
+        });
+        lease.block().ready = fenceLocked(slot);
+    }
+    for (uint64_t i = count > depth ? count - depth : 0; i < count; ++i) drain(i);
+}
+
+void ComputeServer::write(StreamId stream, const Buffer &buffer, const void *data, uint64_t size,
+                          uint64_t offset) {
+    checkAlive();
+    const auto &slice = sliceOf(buffer, "write");
+    checkTransferRange(*slice, offset, size, "write");
+    if (size == 0) return;
+    const uint32_t slot = slotOf(stream);
+    if (!multi_) {
+        // Scheduler streams: the queued task owns a copy of the data.
+        auto bytes = std::make_shared<std::vector<std::byte>>(
+            static_cast<const std::byte *>(data), static_cast<const std::byte *>(data) + size);
+        const SlicePtr slices[] = {&slice};
+        Driver *driver = driver_.get();
+        bp_memory *memory = slice->memory;
+        const uint64_t base = slice->offset + offset;
+        std::lock_guard lock(mutex_);
+        submit(slot, slices, [driver, memory, base, bytes](bp_stream *s) {
+            driver->copyHostToDevice(s, bytes->data(), memory, base, bytes->size());
+        });
+        return;
+    }
+    writeStaged(slot, slice, offset, static_cast<const std::byte *>(data), size);
+    throttle();
+}
+
+void ComputeServer::read(StreamId stream, const Buffer &buffer, void *into, uint64_t size,
+                         uint64_t offset) {
+    checkAlive();
+    const auto &slice = sliceOf(buffer, "read");
+    checkTransferRange(*slice, offset, size, "read");
+    if (size == 0) return;
+    const uint32_t slot = slotOf(stream);
+    if (!multi_) {
+        const SlicePtr slices[] = {&slice};
+        Driver *driver = driver_.get();
+        bp_memory *memory = slice->memory;
+        const uint64_t base = slice->offset + offset;
+        {
+            std::lock_guard lock(mutex_);
+            submit(slot, slices, [driver, memory, base, into, size](bp_stream *s) {
+                driver->copyDeviceToHost(s, memory, base, into, size);
+            });
+        }
+        syncSlot(slot);
+        return;
+    }
+    readStaged(slot, slice, offset, size, static_cast<std::byte *>(into));
+    throttle();
+}
+
+ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t offset,
+                               uint64_t size) {
+    checkAlive();
+    const auto &slice = sliceOf(buffer, "read");
+    if (offset > slice->size)
+        throw Error(ErrorCode::InvalidArgument, "read offset beyond the end of the buffer");
+    if (size == UINT64_MAX || size > slice->size - offset) size = slice->size - offset;
+    const uint32_t slot = slotOf(stream);
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    bp_memory *memory = slice->memory;
+    const uint64_t base = slice->offset + offset;
+    if (!multi_) {
+        auto out = std::make_shared<std::vector<std::byte>>(size);
+        {
+            std::lock_guard lock(mutex_);
+            submit(slot, slices, [driver, memory, base, out](bp_stream *s) {
+                driver->copyDeviceToHost(s, memory, base, out->data(), out->size());
+            });
+        }
+        syncSlot(slot);
+        return ReadFuture([out] { return std::move(*out); });
+    }
+    if (size > staging_->blockBytes()) {
+        // Larger reads run the staged pipeline now; the future is ready.
+        auto out = std::make_shared<std::vector<std::byte>>(size);
+        readStaged(slot, slice, offset, size, out->data());
+        return ReadFuture([out] { return std::move(*out); });
+    }
+    const std::weak_ptr<ComputeServer> self = weak_from_this();
+    std::vector<StagingLease> leases = stagingBlocks(1);
+    if (!leases.empty()) {
+        // The copy lands in a staging block the future owns. Dropping the future returns the
+        // block with the copy's fence, so nothing reuses or frees it before the copy is done.
+        auto lease = std::make_shared<StagingLease>(std::move(leases.front()));
+        Fence fence;
+        {
+            std::lock_guard lock(mutex_);
+            submit(slot, slices, [&](bp_stream *s) {
+                driver->copyDeviceToHost(s, memory, base, lease->data(), size);
+            });
+            fence = fenceLocked(slot);
+        }
+        lease->block().ready = fence;
+        throttle();
+        return ReadFuture([self, lease, fence, size]() mutable {
+            waitFence(self, fence);
+            lease->block().ready = {};
+            std::vector<std::byte> out(lease->data(), lease->data() + size);
+            lease.reset(); // back to the pool
+            return out;
+        });
+    }
+    // No staging block free: the copy lands in the future's own memory, which the stream holds
+    // until the copy completed (the future may be dropped before that).
+    auto out = std::make_shared<std::vector<std::byte>>(size);
+    Fence fence;
+    {
+        std::lock_guard lock(mutex_);
+        submit(slot, slices,
+               [&](bp_stream *s) { driver->copyDeviceToHost(s, memory, base, out->data(), size); },
+               out);
+        fence = fenceLocked(slot);
+    }
+    throttle();
+    return ReadFuture([self, out, fence]() {
+        waitFence(self, fence);
+        return std::move(*out);
+    });
+}
+
+// ----- pinned memory ----------------------------------------------------------------------------
+
+void ComputeServer::write(StreamId stream, const Buffer &buffer, const PinnedBuffer &data,
+                          uint64_t size, uint64_t offset) {
+    checkAlive();
+    const auto &slice = sliceOf(buffer, "write");
+    if (!data.block_ || size > data.block_->size())
+        throw Error(ErrorCode::InvalidArgument, "pinned write: sizes out of range");
+    checkTransferRange(*slice, offset, size, "pinned write");
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    bp_memory *memory = slice->memory;
+    const uint64_t base = slice->offset + offset;
+    void *src = data.block_->data();
+    {
+        std::lock_guard lock(mutex_);
+        submit(slotOf(stream), slices,
+               [driver, memory, base, src, size](bp_stream *s) {
+                   driver->copyHostToDevice(s, src, memory, base, size);
+               },
+               data.block_);
+    }
+    throttle();
+}
+
+void ComputeServer::read(StreamId stream, const Buffer &buffer, const PinnedBuffer &into,
+                         uint64_t size, uint64_t offset) {
+    checkAlive();
+    const auto &slice = sliceOf(buffer, "read");
+    if (!into.block_ || size > into.block_->size())
+        throw Error(ErrorCode::InvalidArgument, "pinned read: sizes out of range");
+    checkTransferRange(*slice, offset, size, "pinned read");
+    const uint32_t slot = slotOf(stream);
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    bp_memory *memory = slice->memory;
+    const uint64_t base = slice->offset + offset;
+    void *dst = into.block_->data();
+    Fence fence;
+    {
+        std::lock_guard lock(mutex_);
+        submit(slot, slices, [driver, memory, base, dst, size](bp_stream *s) {
+            driver->copyDeviceToHost(s, memory, base, dst, size);
+        }, into.block_);
+        if (multi_) fence = fenceLocked(slot);
+    }
+    if (multi_)
+        waitFence(fence);
+    else
+        syncSlot(slot);
+}
+
+// ----- device-side ------------------------------------------------------------------------------
+
+void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
+                         const Buffer &dst, uint64_t dstOffset, uint64_t size) {
+    checkAlive();
+    const auto &a = sliceOf(src, "copy");
+    const auto &b = sliceOf(dst, "copy");
+    checkTransferRange(*a, srcOffset, size, "copy source range");
+    checkTransferRange(*b, dstOffset, size, "copy destination range");
+    const SlicePtr slices[] = {&a, &b};
+    Driver *driver = driver_.get();
+    bp_memory *from = a->memory;
+    bp_memory *to = b->memory;
+    const uint64_t fromOffset = a->offset + srcOffset;
+    const uint64_t toOffset = b->offset + dstOffset;
+    {
+        std::lock_guard lock(mutex_);
+        submit(slotOf(stream), slices, [=](bp_stream *s) {
+            driver->copyDeviceToDevice(s, from, fromOffset, to, toOffset, size);
+        });
+    }
+    throttle();
+}
+
+void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern, uint64_t offset,
+                         uint64_t size) {
+    checkAlive();
+    const auto &slice = sliceOf(buffer, "fill");
+    if (size == UINT64_MAX) size = slice->size - std::min(offset, slice->size);
+    if (offset % 4 != 0 || size % 4 != 0 || offset > slice->size || size > slice->size - offset)
+        throw Error(ErrorCode::InvalidArgument, "fill: offset and size must be multiples of 4 "
+                                                "inside the buffer");
+    const SlicePtr slices[] = {&slice};
+    Driver *driver = driver_.get();
+    bp_memory *memory = slice->memory;
+    const uint64_t base = slice->offset + offset;
+    {
+        std::lock_guard lock(mutex_);
+        submit(slotOf(stream), slices,
+               [=](bp_stream *s) { driver->fill(s, memory, base, size, pattern); });
+    }
+    throttle();
+}
+
+} // namespace backplane::detail
