@@ -76,7 +76,8 @@ TEST_CASE("reads every key of the config file") {
       "plugins": {"paths": ["plugins", "/opt/bp/plugins"], "enable": ["a", "b"], "disable": ["c"],
                   "options": {"vulkan": {"validation": true}}},
       "streams": {"max_streams": 16, "scheduler": "sequential", "max_tasks": 4},
-      "memory": {"staging_chunk_bytes": 1048576, "max_page_bytes": 268435456},
+      "memory": {"staging_chunk_bytes": 1048576, "staging_limit_bytes": 4194304,
+                 "max_page_bytes": 268435456, "release_idle_after_ms": 250},
       "cache": {"dir": "cache", "enabled": false},
       "autotune": {"level": "extensive"},
       "log": "info,loader=debug"
@@ -97,6 +98,8 @@ TEST_CASE("reads every key of the config file") {
     CHECK(c.schedulerMaxTasks == 4);
     CHECK(c.stagingChunkBytes == 1048576);
     CHECK(c.maxPageBytes == 268435456);
+    CHECK(c.stagingLimitBytes == 4194304);
+    CHECK(c.releaseIdleAfterMs == 250);
     CHECK(c.cacheDir == dir.path / "cache");
     CHECK_FALSE(c.cacheEnabled);
     CHECK(std::string(toString(c.tuneLevel)) == "extensive");
@@ -115,6 +118,8 @@ TEST_CASE("an empty object gives the documented defaults") {
     CHECK(c.maxStreams == 128);
     CHECK(c.schedulerMaxTasks == 8);
     CHECK(c.stagingChunkBytes == (8ull << 20));
+    CHECK(c.stagingLimitBytes == 0);
+    CHECK(c.releaseIdleAfterMs == 1000);
     CHECK(c.cacheEnabled);
     CHECK(std::string(toString(c.tuneLevel)) == "balanced");
 }
