@@ -64,7 +64,8 @@ private:
     bpv::Event event_{};
 };
 
-/// A loaded module and its entry point.
+/// A loaded module and its entry point, with the entry point's parameter sizes where the driver
+/// can tell them (CUDA 12.4+ drivers: cuFuncGetParamInfo; never on HIP).
 class GpuKernel : public sdk::Kernel {
 public:
     GpuKernel(GpuDevice &device, const void *image, const std::string &entryPoint);
@@ -74,12 +75,20 @@ public:
     bpv::Function function() const noexcept { return function_; }
     /// Raises the kernel's dynamic shared memory limit once to at least `bytes`.
     void allowSharedMemory(uint32_t bytes);
+    /// Throws BP_ERROR_LAUNCH naming the kernel, its parameter sizes and the launch's bindings
+    /// and scalar bytes when the launch does not match the parameters (one pointer per binding,
+    /// then one struct of exactly scalar_size bytes when scalar_size > 0). Does nothing when the
+    /// driver could not tell the parameters.
+    void checkLaunch(const bp_launch_args &args) const;
 
 private:
     GpuDevice &device_;
+    std::string name_;
     bpv::Module module_{};
     bpv::Function function_{};
     std::atomic<uint32_t> sharedAllowed_{48 * 1024};
+    bool parametersKnown_ = false;
+    std::vector<size_t> parameterSizes_; ///< in the device-side parameter layout
 };
 
 /// Static description of one device, read without a context (see gpu_plugin.cpp).

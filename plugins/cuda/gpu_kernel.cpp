@@ -17,10 +17,24 @@ void requireDialect(bp_dialect dialect, const char *operation) {
                              (bpv::kDialects == 1u ? " (only 'cuda')" : " (only 'cuda' and 'hip')"));
 }
 
+/// "no parameters", "1 parameter of 8 bytes", "3 parameters of 8, 8 and 12 bytes".
+std::string describeParameters(const std::vector<size_t> &sizes) {
+    if (sizes.empty()) return "no parameters";
+    constexpr size_t kListed = 16;
+    std::string text =
+        std::to_string(sizes.size()) + (sizes.size() == 1 ? " parameter of " : " parameters of ");
+    for (size_t i = 0; i < sizes.size() && i < kListed; ++i) {
+        if (i > 0) text += i + 1 == sizes.size() ? " and " : ", ";
+        text += std::to_string(sizes[i]);
+    }
+    if (sizes.size() > kListed) text += ", ...";
+    return text + " bytes";
+}
+
 } // namespace
 
 GpuKernel::GpuKernel(GpuDevice &device, const void *image, const std::string &entryPoint)
-    : device_(device) {
+    : device_(device), name_(entryPoint) {
     device.check(bpv::moduleLoad(device.driver(), &module_, image), BP_ERROR_INVALID_ARGUMENT);
     const bpv::Call found = bpv::moduleFunction(device.driver(), &function_, module_,
                                                 entryPoint.c_str());
@@ -34,6 +48,45 @@ GpuKernel::GpuKernel(GpuDevice &device, const void *image, const std::string &en
                              found.result);
         device.check(found);
     }
+    // Kernel parameters take at most 32 KiB, so a driver that answers never runs past the end.
+    constexpr size_t kMaxParameters = 32 * 1024;
+    for (size_t index = 0; index < kMaxParameters; ++index) {
+        size_t size = 0;
+        const bpv::ParamQuery query = bpv::paramInfo(device.driver(), function_, index, &size);
+        if (query == bpv::ParamQuery::Unknown) break;
+        if (query == bpv::ParamQuery::PastEnd) {
+            parametersKnown_ = true;
+            break;
+        }
+        parameterSizes_.push_back(size);
+    }
+    if (!parametersKnown_) parameterSizes_.clear();
+}
+
+void GpuKernel::checkLaunch(const bp_launch_args &args) const {
+    if (!parametersKnown_) return;
+    // The launch convention: one device pointer per binding, then the scalar bytes as one
+    // struct by value. The driver copies each parameter's size from the pointer it is given:
+    // a parameter the launch does not supply, or a struct larger than the scalars, is read
+    // from past the caller's arguments.
+    const size_t given = args.binding_count + (args.scalar_size > 0 ? 1 : 0);
+    bool matches = parameterSizes_.size() == given;
+    for (size_t i = 0; matches && i < args.binding_count; ++i)
+        matches = parameterSizes_[i] == sizeof(bpv::DevicePtr);
+    if (matches && args.scalar_size > 0) matches = parameterSizes_.back() == args.scalar_size;
+    if (matches) return;
+    std::vector<size_t> launched(args.binding_count, sizeof(bpv::DevicePtr));
+    if (args.scalar_size > 0) launched.push_back(args.scalar_size);
+    throw sdk::Error(
+        BP_ERROR_LAUNCH,
+        "kernel_launch of '" + name_ + "': the kernel takes " +
+            describeParameters(parameterSizes_) + "; the launch gives " +
+            std::to_string(args.binding_count) +
+            (args.binding_count == 1 ? " binding and " : " bindings and ") +
+            std::to_string(args.scalar_size) + " scalar bytes, i.e. " +
+            describeParameters(launched) + " (one " + std::to_string(sizeof(bpv::DevicePtr)) +
+            "-byte pointer per binding, then one struct of all scalar bytes; a C struct's size "
+            "includes its tail padding)");
 }
 
 GpuKernel::~GpuKernel() {
@@ -80,7 +133,16 @@ void GpuDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
                          "kernel_launch: at most " + std::to_string(kMaxBindings) +
                              " bindings and " + std::to_string(kMaxScalarBytes) +
                              " scalar bytes");
+    if (args.binding_count > 0 && args.bindings == nullptr)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "kernel_launch: binding_count is " +
+                                                        std::to_string(args.binding_count) +
+                                                        " but bindings is NULL");
+    if (args.scalar_size > 0 && args.scalars == nullptr)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "kernel_launch: scalar_size is " +
+                                                        std::to_string(args.scalar_size) +
+                                                        " but scalars is NULL");
     auto &kernel = sdk::as<GpuKernel>(args.kernel);
+    kernel.checkLaunch(args);
     // Parameters: one device pointer per binding (offset applied), then the scalar bytes by
     // value as one struct parameter. The driver copies them during the call.
     bpv::DevicePtr pointers[kMaxBindings];

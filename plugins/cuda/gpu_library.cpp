@@ -60,6 +60,12 @@ Loaded<bpv::Driver> loadDriver() {
     BPV_DRIVER_FUNCTIONS(BPV_RESOLVE, BPV_RESOLVE_TYPED)
 #undef BPV_RESOLVE_TYPED
 #undef BPV_RESOLVE
+    // Newer drivers' symbols: absent ones stay NULL, the wrappers using them check.
+#define BPV_RESOLVE_OPTIONAL(symbol)                                                               \
+    t.symbol =                                                                                     \
+        reinterpret_cast<decltype(t.symbol)>(::dlsym(handle, BPV_STRINGIFY_EXPANDED(symbol)));
+    BPV_OPTIONAL_DRIVER_FUNCTIONS(BPV_RESOLVE_OPTIONAL)
+#undef BPV_RESOLVE_OPTIONAL
     if (!loaded.error.empty()) loaded.error = std::string("unusable ") + bpv::kDriverDescription +
                                              ": " + loaded.error;
     return loaded;

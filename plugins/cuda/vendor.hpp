@@ -7,6 +7,7 @@
 // - BPV_DRIVER_FUNCTIONS / BPV_RTC_FUNCTIONS: the vendor symbols resolved with dlsym into the
 //   Driver / Rtc tables (a symbol macro such as cuMemAlloc -> cuMemAlloc_v2 expands before it is
 //   stringified, so the versioned entry point is the one looked up);
+// - BPV_OPTIONAL_DRIVER_FUNCTIONS: symbols of newer drivers only, left NULL when absent;
 // - thin inline wrappers with one signature for both vendors.
 // Only headers are used at build time: the libraries are opened at run time (gpu_library.cpp).
 
@@ -107,6 +108,11 @@ struct Call {
     X(cuFuncSetAttribute)                                                                          \
     X(cuLaunchKernel)
 
+/// Driver entry points that older drivers lack: NULL in the table when absent, and the wrappers
+/// that use them report "unknown" instead of failing. X(symbol).
+/// cuFuncGetParamInfo: CUDA 12.4+ drivers; the launch check of the kernel's parameters.
+#define BPV_OPTIONAL_DRIVER_FUNCTIONS(X) X(cuFuncGetParamInfo)
+
 /// Compiler entry points resolved at run time. X(symbol).
 #define BPV_RTC_FUNCTIONS(X)                                                                       \
     X(nvrtcGetErrorString)                                                                         \
@@ -125,6 +131,7 @@ struct Call {
 /// The driver's function table (filled by gpu_library.cpp).
 struct Driver {
     BPV_DRIVER_FUNCTIONS(BPV_DECLARE_MEMBER, BPV_DECLARE_TYPED_MEMBER)
+    BPV_OPTIONAL_DRIVER_FUNCTIONS(BPV_DECLARE_MEMBER)
 };
 
 /// The compiler's function table.
@@ -347,6 +354,24 @@ inline Call launch(const Driver &d, Function f, const uint32_t (&grid)[3],
                      const uint32_t (&block)[3], uint32_t sharedBytes, Stream s, void **params) {
     return {d.cuLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], sharedBytes,
                             s, params, nullptr), "cuLaunchKernel"};
+}
+
+/// What the driver says about one kernel parameter.
+enum class ParamQuery {
+    Found,   ///< *size is the parameter's size in the device-side parameter layout
+    PastEnd, ///< the kernel has no parameter of this index (the count is the index)
+    Unknown, ///< the driver cannot tell (too old, or not for this kernel): do not check
+};
+/// Size of the kernel's parameter `index`, through cuFuncGetParamInfo (CUDA 12.4+ drivers).
+inline ParamQuery paramInfo(const Driver &d, Function f, size_t index, size_t *size) {
+    if (d.cuFuncGetParamInfo == nullptr) return ParamQuery::Unknown;
+    size_t offset = 0;
+    const Result r = d.cuFuncGetParamInfo(f, index, &offset, size);
+    if (r == CUDA_SUCCESS) return ParamQuery::Found;
+    // The documented answer for an index at or past the parameter count. Anything else
+    // (CUDA_ERROR_NOT_SUPPORTED, ...) leaves the kernel unchecked.
+    if (r == CUDA_ERROR_INVALID_VALUE) return ParamQuery::PastEnd;
+    return ParamQuery::Unknown;
 }
 
 // --- runtime compilation ------------------------------------------------------------------------

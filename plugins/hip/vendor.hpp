@@ -102,6 +102,9 @@ using HostMallocFn = hipError_t (*)(void **, size_t, unsigned int);
     X(hipModuleGetFunction)                                                                        \
     X(hipModuleLaunchKernel)
 
+// HIP 5.2 (Debian) has no query of a kernel's parameters: nothing optional to load.
+#define BPV_OPTIONAL_DRIVER_FUNCTIONS(X)
+
 #define BPV_RTC_FUNCTIONS(X)                                                                       \
     X(hiprtcGetErrorString)                                                                        \
     X(hiprtcVersion)                                                                               \
@@ -118,6 +121,7 @@ using HostMallocFn = hipError_t (*)(void **, size_t, unsigned int);
 
 struct Driver {
     BPV_DRIVER_FUNCTIONS(BPV_DECLARE_MEMBER, BPV_DECLARE_TYPED_MEMBER)
+    BPV_OPTIONAL_DRIVER_FUNCTIONS(BPV_DECLARE_MEMBER)
 };
 
 struct Rtc {
@@ -314,6 +318,14 @@ inline Call launch(const Driver &d, Function f, const uint32_t (&grid)[3],
                      const uint32_t (&block)[3], uint32_t sharedBytes, Stream s, void **params) {
     return {d.hipModuleLaunchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                    sharedBytes, s, params, nullptr), "hipModuleLaunchKernel"};
+}
+
+/// What the runtime says about one kernel parameter (same names as the CUDA mapping).
+enum class ParamQuery { Found, PastEnd, Unknown };
+/// HIP 5.2 cannot tell a hipFunction_t's parameters (newer ROCm documents hipKernelGetParamInfo,
+/// for hipKernel_t library handles, not the module functions this plugin loads): unchecked.
+inline ParamQuery paramInfo(const Driver &, Function, size_t, size_t *) {
+    return ParamQuery::Unknown;
 }
 
 /// hiprtc 5.2 reads the target from --offload-arch (or --gpu-architecture); without it, it asks

@@ -913,6 +913,33 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
         fail(BP_ERROR_LAUNCH, std::to_string(args.scalar_size) +
                                   " scalar bytes exceed the push-constant limit of " +
                                   std::to_string(info.max_scalar_bytes));
+    if (args.scalar_size > 0 && args.scalars == nullptr)
+        fail(BP_ERROR_INVALID_ARGUMENT,
+             "scalar_size is " + std::to_string(args.scalar_size) + " but scalars is NULL");
+    if (args.binding_count > 0 && args.bindings == nullptr)
+        fail(BP_ERROR_INVALID_ARGUMENT,
+             "binding_count is " + std::to_string(args.binding_count) + " but bindings is NULL");
+    // The interface reflected at load: a binding missing from the descriptor set, or push
+    // constants the shader reads but the launch never pushed, crash drivers (lavapipe: SIGSEGV,
+    // under the validation layer too). More bindings or bytes than used are harmless: the
+    // optimizer drops unused buffers and blocks, and a C struct's tail padding may be passed.
+    if (args.binding_count < kernel.bindingCount() ||
+        args.scalar_size < kernel.pushConstantBytes()) {
+        const auto plural = [](uint64_t n, const char *one, const char *many) {
+            return std::to_string(n) + " " + (n == 1 ? one : many);
+        };
+        const uint32_t needed = kernel.bindingCount();
+        fail(BP_ERROR_LAUNCH,
+             "the shader needs " +
+                 plural(needed, "storage-buffer binding", "storage-buffer bindings") +
+                 (needed == 1  ? std::string(" (set 0, binding 0)")
+                  : needed > 1 ? " (set 0, bindings 0.." + std::to_string(needed - 1) + ")"
+                               : std::string()) +
+                 " and " + plural(kernel.pushConstantBytes(), "byte", "bytes") +
+                 " of push constants; the launch gives " +
+                 plural(args.binding_count, "binding", "bindings") + " and " +
+                 plural(args.scalar_size, "scalar byte", "scalar bytes"));
+    }
     uint64_t threads = 1;
     for (int i = 0; i < 3; ++i) {
         if (args.block[i] == 0 || args.block[i] > info.max_block_size[i])

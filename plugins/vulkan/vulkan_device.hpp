@@ -157,7 +157,8 @@ struct KernelPipeline {
     VkPipelineLayout layout = VK_NULL_HANDLE;         ///< owned by the device (layout cache)
 };
 
-/// A loaded SPIR-V module and its pipelines, one per (block size, binding count, shared bytes).
+/// A loaded SPIR-V module, its reflected launch interface and its pipelines, one per (block size,
+/// binding count, shared bytes). kernel_load refuses a module SPIRV-Cross cannot reflect.
 class VulkanKernel : public sdk::Kernel {
 public:
     VulkanKernel(VulkanDevice &device, const bp_kernel_load_args &args);
@@ -171,11 +172,19 @@ public:
     const KernelPipeline &pipeline(const uint32_t block[3], uint32_t bindingCount,
                                    uint32_t sharedBytes);
     const std::string &entryPoint() const noexcept { return entryPoint_; }
+    /// Bindings a launch must give at least: the highest set-0 storage-buffer binding the entry
+    /// point uses, plus one (reflected at load).
+    uint32_t bindingCount() const noexcept { return bindingCount_; }
+    /// Scalar bytes a launch must give at least: the declared size of the push-constant block
+    /// the entry point uses; 0 when it uses none.
+    uint32_t pushConstantBytes() const noexcept { return pushConstantBytes_; }
 
 private:
     VulkanDevice &device_;
     std::string entryPoint_;      ///< the kernel's name, as the core knows it
     std::string spirvEntryPoint_; ///< the OpEntryPoint the pipeline uses
+    uint32_t bindingCount_ = 0;
+    uint32_t pushConstantBytes_ = 0;
     VkShaderModule module_ = VK_NULL_HANDLE;
     std::mutex mutex_;
     std::map<std::array<uint32_t, 5>, KernelPipeline> pipelines_; ///< nodes never move

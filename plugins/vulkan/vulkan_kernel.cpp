@@ -1,6 +1,8 @@
-// Kernels on the Vulkan plugin: GLSL → SPIR-V with shaderc, SPIR-V checks, compute pipelines
-// (block size through specialization constants) and the VkPipelineCache persisted on disk.
+// Kernels on the Vulkan plugin: GLSL → SPIR-V with shaderc, SPIR-V checks and reflection, compute
+// pipelines (block size through specialization constants) and the VkPipelineCache persisted on
+// disk.
 #include "vulkan_device.hpp"
+#include "vulkan_reflect.hpp"
 
 #include <shaderc/shaderc.h>
 
@@ -56,24 +58,6 @@ void validateSpirv(const void *data, size_t size, const std::string &what) {
                              std::snprintf(text, sizeof text, "%08x", header[1]);
                              return std::string(text);
                          }());
-}
-
-/// Names of the GLCompute entry points of a (validated) SPIR-V module.
-std::vector<std::string> computeEntryPoints(const void *data, size_t size) {
-    std::vector<uint32_t> words(size / 4);
-    std::memcpy(words.data(), data, words.size() * 4);
-    std::vector<std::string> names;
-    constexpr uint32_t kOpEntryPoint = 15, kGLCompute = 5;
-    for (size_t at = 5; at < words.size();) {
-        const uint32_t count = words[at] >> 16, opcode = words[at] & 0xffff;
-        if (count == 0 || at + count > words.size()) break;
-        if (opcode == kOpEntryPoint && count >= 4 && words[at + 1] == kGLCompute) {
-            const char *name = reinterpret_cast<const char *>(&words[at + 3]);
-            names.emplace_back(name, strnlen(name, (count - 3) * 4));
-        }
-        at += count;
-    }
-    return names;
 }
 
 } // namespace
@@ -154,19 +138,25 @@ VulkanKernel::VulkanKernel(VulkanDevice &device, const bp_kernel_load_args &args
     const std::string what = "kernel_load of '" + entryPoint_ + "'";
     validateSpirv(args.binary, args.binary_size, what);
     // GLSL modules always name their entry point "main" (shaderc ignores the name for GLSL), so
-    // a module with one compute entry point is taken whatever the kernel is called.
-    const auto names = computeEntryPoints(args.binary, args.binary_size);
-    if (std::find(names.begin(), names.end(), entryPoint_) != names.end())
-        spirvEntryPoint_ = entryPoint_;
-    else if (names.size() == 1 && args.dialect == BP_DIALECT_GLSL)
-        spirvEntryPoint_ = names[0];
-    else {
-        std::string known;
-        for (const auto &n : names) known += (known.empty() ? "" : ", ") + n;
-        throw sdk::Error(BP_ERROR_NOT_FOUND, what + ": the SPIR-V module has no compute entry "
-                                                    "point of that name (it has: " +
-                                                    (known.empty() ? "none" : known) + ")");
-    }
+    // a module with one compute entry point is taken whatever the kernel is called. Reflection
+    // runs before the driver sees the module: a module SPIRV-Cross cannot parse, or one using
+    // descriptors the plugin never binds, is refused here instead of crashing a driver.
+    ShaderInterface shader = reflectComputeShader(args.binary, args.binary_size, entryPoint_,
+                                                  args.dialect == BP_DIALECT_GLSL, what);
+    const bp_device_info &limits = device.physical().info;
+    if (shader.bindingCount > limits.max_bindings)
+        throw sdk::Error(BP_ERROR_UNSUPPORTED, what + ": the shader uses storage-buffer binding " +
+                                                   std::to_string(shader.bindingCount - 1) +
+                                                   "; a launch binds at most " +
+                                                   std::to_string(limits.max_bindings));
+    if (shader.pushConstantBytes > limits.max_scalar_bytes)
+        throw sdk::Error(BP_ERROR_UNSUPPORTED, what + ": the shader's push-constant block is " +
+                                                   std::to_string(shader.pushConstantBytes) +
+                                                   " bytes; the device allows " +
+                                                   std::to_string(limits.max_scalar_bytes));
+    spirvEntryPoint_ = std::move(shader.entryPoint);
+    bindingCount_ = shader.bindingCount;
+    pushConstantBytes_ = shader.pushConstantBytes;
     auto info = vkStruct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
     info.codeSize = args.binary_size;
     info.pCode = static_cast<const uint32_t *>(args.binary);

@@ -1,8 +1,11 @@
 // One behaviour suite for every plugin: BACKPLANE_CONFORMANCE_PLUGIN names the plugin and
-// BACKPLANE_CONFORMANCE_LIBRARY its module; exits 77 (SKIP) when it has no device here (tests
-// internals: opens the plugin through detail::PluginLibrary, backplane_internal_dep).
+// BACKPLANE_CONFORMANCE_LIBRARY its module; exits 77 (SKIP) only when the plugin reports no device
+// or no driver here, and fails on any other setup error (tests internals: opens the plugin through
+// detail::PluginLibrary, backplane_internal_dep).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "conformance_kernels.hpp"
+
+#include "../test_skip.hpp"
 
 #include "client/open_client.hpp"
 #include "plugin/device_info.hpp"
@@ -132,23 +135,23 @@ TEST_CASE("profiling tokens nest") {
 int main(int argc, char **argv) {
     const char *name = std::getenv("BACKPLANE_CONFORMANCE_PLUGIN");
     const char *library = std::getenv("BACKPLANE_CONFORMANCE_LIBRARY");
-    if (name == nullptr || library == nullptr) {
-        std::puts("SKIP: set BACKPLANE_CONFORMANCE_PLUGIN and BACKPLANE_CONFORMANCE_LIBRARY");
-        return 77;
-    }
+    if (name == nullptr || library == nullptr)
+        return test::fail("set BACKPLANE_CONFORMANCE_PLUGIN and BACKPLANE_CONFORMANCE_LIBRARY "
+                          "(meson test sets both)");
     const char *options = std::getenv("BACKPLANE_CONFORMANCE_OPTIONS");
+    const std::string plugin = std::string("plugin ") + name;
     try {
         gPlugin = detail::PluginLibrary::open(library, name,
                                               {.cacheDir = "", .optionsJson = options ? options : "{}"});
-        const bp_probe_result probe = gPlugin->probe();
-        if (probe.device_count == 0) {
-            std::printf("SKIP: plugin %s reports no device\n", name);
-            return 77;
-        }
+        if (gPlugin->probe().device_count == 0) return test::skip(plugin + " reports no device");
+    } catch (const std::exception &e) {
+        return test::skipOrFail(e, "opening and probing " + plugin + " (" + library + ")");
+    }
+    try {
         gDevice = detail::toDeviceInfo(name, 0, gPlugin->deviceInfo(0));
     } catch (const std::exception &e) {
-        std::printf("SKIP: plugin %s has no usable device here: %s\n", name, e.what());
-        return 77;
+        // The probe found a device: not describing it is the plugin's failure, whatever the code.
+        return test::fail(plugin + " probed a device but device_info(0) failed: " + e.what());
     }
     std::printf("conformance: %s on %s (%s)\n", name, gDevice.id().c_str(), gDevice.name.c_str());
     doctest::Context context(argc, argv);

@@ -1,10 +1,17 @@
-// CUDA plugin tests on a real GPU, through the C ABI; exits 77 (SKIP) without a CUDA device.
+// CUDA plugin tests on a real GPU, through the C ABI; exits 77 (SKIP) only without a CUDA driver
+// or device, and fails on any other setup error.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "gpu_test_support.hpp"
+
+#include "../test_skip.hpp"
+
+#include <cuda.h>
+#include <dlfcn.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -22,6 +29,9 @@ extern "C" __global__ void scale_add(const float *a, float *b, Params p) {
     if (i < p.n) b[i] = a[i] * p.scale + 1.0f;
 }
 extern "C" __global__ void trap_now() { __trap(); }
+extern "C" __global__ void split_scalars(float *a, unsigned n) {
+    if (threadIdx.x < n) a[threadIdx.x] = 0.0f;
+}
 )";
 
 struct Params {
@@ -130,6 +140,100 @@ int childTrap() {
     return 0;
 }
 
+// The driver's own answer, for every ordered pair of ordinals, to "can device a read device b's
+// memory" (cuDeviceCanAccessPeer through libcuda.so.1, bypassing the plugin).
+std::vector<std::vector<bool>> driverPeerAccess(uint32_t count) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(cuda != nullptr);
+    const auto init = reinterpret_cast<decltype(&cuInit)>(dlsym(cuda, "cuInit"));
+    const auto deviceGet = reinterpret_cast<decltype(&cuDeviceGet)>(dlsym(cuda, "cuDeviceGet"));
+    const auto canAccessPeer = reinterpret_cast<decltype(&cuDeviceCanAccessPeer)>(
+        dlsym(cuda, "cuDeviceCanAccessPeer"));
+    REQUIRE((init != nullptr && deviceGet != nullptr && canAccessPeer != nullptr));
+    REQUIRE(init(0) == CUDA_SUCCESS);
+    std::vector<CUdevice> devices(count);
+    for (uint32_t i = 0; i < count; ++i)
+        REQUIRE(deviceGet(&devices[i], static_cast<int>(i)) == CUDA_SUCCESS);
+    std::vector<std::vector<bool>> access(count, std::vector<bool>(count, false));
+    for (uint32_t a = 0; a < count; ++a)
+        for (uint32_t b = 0; b < count; ++b) {
+            int can = 0;
+            if (a != b) REQUIRE(canAccessPeer(&can, devices[a], devices[b]) == CUDA_SUCCESS);
+            access[a][b] = can != 0;
+        }
+    dlclose(cuda);
+    return access;
+}
+
+// Copies a pattern that exists only on `from` into `to` with copy_peer (on a stream of `to`, at
+// offsets in both buffers) and reads it back from `to`: the copied range holds the pattern and
+// the bytes around it keep their sentinel.
+void checkPeerCopy(AbiDevice &from, AbiDevice &to) {
+    constexpr uint32_t kWords = 16384;
+    constexpr uint64_t kBytes = kWords * 4, kSrcOffset = 4096, kDstOffset = 8192, kSize = 32768;
+    std::vector<uint32_t> pattern(kWords);
+    for (uint32_t i = 0; i < kWords; ++i) pattern[i] = (i * 2654435761u) ^ 0x5bd1e995u;
+    const std::vector<uint32_t> sentinel(kWords, 0xdeadbeefu);
+    bp_stream *sFrom = from.stream();
+    bp_stream *sTo = to.stream();
+    bp_memory *src = from.allocate(kBytes);
+    bp_memory *dst = to.allocate(kBytes);
+    from.write(sFrom, src, 0, pattern.data(), kBytes);
+    REQUIRE(from.finish(sFrom) == BP_SUCCESS);
+    to.write(sTo, dst, 0, sentinel.data(), kBytes);
+    auto copy = AbiDevice::makeArgs<bp_copy_device_to_device_args>();
+    copy.src = src;
+    copy.src_offset = kSrcOffset;
+    copy.dst = dst;
+    copy.dst_offset = kDstOffset;
+    copy.size = kSize;
+    to.expectOk(to.api().copy_peer(to.get(), sTo, from.get(), &copy, &to.error()), "copy_peer");
+    std::vector<uint32_t> back(kWords);
+    to.read(sTo, dst, 0, back.data(), kBytes);
+    REQUIRE(to.finish(sTo) == BP_SUCCESS);
+    std::vector<uint32_t> expected = sentinel;
+    std::copy_n(pattern.begin() + kSrcOffset / 4, kSize / 4, expected.begin() + kDstOffset / 4);
+    size_t wrong = 0, first = kWords;
+    for (size_t i = 0; i < kWords; ++i)
+        if (back[i] != expected[i] && wrong++ == 0) first = i;
+    INFO("first wrong word " << first << " of " << kWords);
+    CHECK(wrong == 0);
+    from.api().memory_free(from.get(), src);
+    to.api().memory_free(to.get(), dst);
+    from.api().stream_destroy(from.get(), sFrom);
+    to.api().stream_destroy(to.get(), sTo);
+}
+
+// cuDriverGetVersion through libcuda.so.1, bypassing the plugin (12040 = CUDA 12.4).
+int driverVersion() {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(cuda != nullptr);
+    const auto version =
+        reinterpret_cast<decltype(&cuDriverGetVersion)>(dlsym(cuda, "cuDriverGetVersion"));
+    REQUIRE((version != nullptr));
+    int v = 0;
+    REQUIRE(version(&v) == CUDA_SUCCESS);
+    dlclose(cuda);
+    return v;
+}
+
+// Launches `kernel` with `bindingCount` bindings and `scalarSize` scalar bytes (one block of
+// one thread); returns the status, the message in gpu.error().
+bp_status launchWith(AbiDevice &gpu, bp_stream *s, bp_kernel *kernel, bp_memory *buffer,
+                     uint32_t bindingCount, size_t scalarSize) {
+    const bp_binding bindings[3] = {{buffer, 0, 256}, {buffer, 256, 256}, {buffer, 512, 256}};
+    const unsigned char scalars[16] = {};
+    auto launch = AbiDevice::makeArgs<bp_launch_args>();
+    launch.kernel = kernel;
+    launch.grid[0] = launch.grid[1] = launch.grid[2] = 1;
+    launch.block[0] = launch.block[1] = launch.block[2] = 1;
+    launch.bindings = bindings;
+    launch.binding_count = bindingCount;
+    launch.scalars = scalars;
+    launch.scalar_size = scalarSize;
+    return gpu.api().kernel_launch(gpu.get(), s, &launch, &gpu.error());
+}
+
 } // namespace
 
 TEST_CASE("device info describes the GPU: arch, UUID, PCI id and limits") {
@@ -206,6 +310,51 @@ TEST_CASE("compiles a kernel to a CUBIN and launches it with bindings at offsets
     bp_kernel *k = gpu.load(blob, "scale_add");
     runScaleAdd(gpu, k, 100000);
     gpu.api().kernel_release(gpu.get(), k);
+}
+
+TEST_CASE("a launch that does not match the kernel's parameters is refused naming the kernel") {
+    // The plugin asks the driver for the parameter sizes (cuFuncGetParamInfo, CUDA 12.4+).
+    // Without the check, cuLaunchKernel copies each parameter's size from the pointers it is
+    // given: a missing parameter or a struct larger than the scalars is read from past the
+    // caller's arguments.
+    const int version = driverVersion();
+    if (version < 12040) {
+        MESSAGE("driver " << version << " predates cuFuncGetParamInfo: launches are not checked");
+        return;
+    }
+    auto plugin = openPlugin();
+    AbiDevice gpu(plugin, 0);
+    auto blob = compileKernels(gpu);
+    bp_kernel *scaleAdd = gpu.load(blob, "scale_add");
+    bp_kernel *split = gpu.load(blob, "split_scalars");
+    bp_stream *s = gpu.stream();
+    bp_memory *buffer = gpu.allocate(1024);
+    const auto message = [&] { return std::string(gpu.error().message); };
+
+    // scale_add(const float *, float *, Params): two bindings and 8 scalar bytes.
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 0) == BP_ERROR_LAUNCH);
+    MESSAGE(message());
+    CHECK(message().find("'scale_add'") != std::string::npos);
+    CHECK(message().find("3 parameters of 8, 8 and 8 bytes") != std::string::npos);
+    CHECK(message().find("2 bindings and 0 scalar bytes") != std::string::npos);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 1, 8) == BP_ERROR_LAUNCH);
+    CHECK(message().find("1 binding and 8 scalar bytes") != std::string::npos);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 3, 8) == BP_ERROR_LAUNCH);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 4) == BP_ERROR_LAUNCH);
+    CHECK(message().find("2 bindings and 4 scalar bytes") != std::string::npos);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 16) == BP_ERROR_LAUNCH);
+    // split_scalars(float *, unsigned): the count matches two bindings, but the second
+    // parameter is 4 bytes, not a pointer.
+    CHECK(launchWith(gpu, s, split, buffer, 2, 0) == BP_ERROR_LAUNCH);
+    CHECK(message().find("2 parameters of 8 and 4 bytes") != std::string::npos);
+    // The matching launches run; the stream is intact after the refusals.
+    gpu.expectOk(launchWith(gpu, s, split, buffer, 1, 4), "kernel_launch split_scalars");
+    REQUIRE(gpu.finish(s) == BP_SUCCESS);
+    runScaleAdd(gpu, scaleAdd, 1000);
+    gpu.api().memory_free(gpu.get(), buffer);
+    gpu.api().stream_destroy(gpu.get(), s);
+    gpu.api().kernel_release(gpu.get(), split);
+    gpu.api().kernel_release(gpu.get(), scaleAdd);
 }
 
 TEST_CASE("a compile error reports BP_ERROR_COMPILE with NVRTC's log and the kernel name") {
@@ -286,38 +435,48 @@ TEST_CASE("timing events measure device time; a short host wait times out on pen
 
 TEST_CASE("copies between two GPUs when the machine has two with peer access") {
     auto plugin = openPlugin();
-    const bp_probe_result probe = plugin->probe();
-    const bp_device_info info = plugin->deviceInfo(0);
-    if (probe.device_count < 2 || (info.capabilities & BP_CAPABILITY_PEER_COPY) == 0) {
-        MESSAGE("peer copy not tested: " << probe.device_count << " GPU(s), peer capability "
-                                         << ((info.capabilities & BP_CAPABILITY_PEER_COPY) != 0));
-        // One GPU cannot copy to a peer, so it must not claim the capability.
-        if (probe.device_count < 2) CHECK((info.capabilities & BP_CAPABILITY_PEER_COPY) == 0);
-        else CHECK(probe.device_count >= 2);
+    const uint32_t count = plugin->probe().device_count;
+    std::vector<bool> claims(count);
+    for (uint32_t i = 0; i < count; ++i)
+        claims[i] = (plugin->deviceInfo(i).capabilities & BP_CAPABILITY_PEER_COPY) != 0;
+    // The capability is per device: set exactly where the driver lets the device reach another.
+    const auto access = driverPeerAccess(count);
+    for (uint32_t i = 0; i < count; ++i) {
+        bool reachesAnother = false;
+        for (uint32_t j = 0; j < count; ++j) reachesAnother = reachesAnother || access[i][j];
+        CAPTURE(i);
+        CHECK(claims[i] == reachesAnother);
+    }
+    if (count < 2) {
+        MESSAGE("peer copy not tested: " << count << " GPU");
+        // One GPU has no peer to copy from, so it must not claim the capability.
+        CHECK_FALSE(claims[0]);
         return;
     }
     AbiDevice gpu0(plugin, 0);
     AbiDevice gpu1(plugin, 1);
-    auto &api = gpu0.api();
-    bp_stream *s0 = gpu0.stream();
-    bp_stream *s1 = gpu1.stream();
-    bp_memory *src = gpu1.allocate(4096);
-    bp_memory *dst = gpu0.allocate(4096);
-    std::vector<uint32_t> data(1024, 0xabcdef01u), back(1024);
-    gpu1.write(s1, src, 0, data.data(), 4096);
-    REQUIRE(gpu1.finish(s1) == BP_SUCCESS);
-    auto copy = AbiDevice::makeArgs<bp_copy_device_to_device_args>();
-    copy.src = src;
-    copy.dst = dst;
-    copy.size = 4096;
-    gpu0.expectOk(api.copy_peer(gpu0.get(), s0, gpu1.get(), &copy, &gpu0.error()), "copy_peer");
-    gpu0.read(s0, dst, 0, back.data(), 4096);
-    REQUIRE(gpu0.finish(s0) == BP_SUCCESS);
-    CHECK(back == data);
-    api.memory_free(gpu1.get(), src);
-    api.memory_free(gpu0.get(), dst);
-    api.stream_destroy(gpu0.get(), s0);
-    api.stream_destroy(gpu1.get(), s1);
+    REQUIRE((gpu0.api().copy_peer != nullptr));
+    if (!claims[0] || !claims[1]) {
+        MESSAGE("no peer access between GPU 0 (" << claims[0] << ") and GPU 1 (" << claims[1]
+                                                 << "): copy_peer must refuse");
+        AbiDevice &without = claims[1] ? gpu0 : gpu1;
+        AbiDevice &other = claims[1] ? gpu1 : gpu0;
+        bp_stream *s = without.stream();
+        bp_memory *src = other.allocate(4096);
+        bp_memory *dst = without.allocate(4096);
+        auto copy = AbiDevice::makeArgs<bp_copy_device_to_device_args>();
+        copy.src = src;
+        copy.dst = dst;
+        copy.size = 4096;
+        CHECK(without.api().copy_peer(without.get(), s, other.get(), &copy, &without.error()) ==
+              BP_ERROR_UNSUPPORTED);
+        without.api().memory_free(other.get(), src);
+        without.api().memory_free(without.get(), dst);
+        without.api().stream_destroy(without.get(), s);
+        return;
+    }
+    SUBCASE("from GPU 0 to GPU 1") { checkPeerCopy(gpu0, gpu1); }
+    SUBCASE("from GPU 1 to GPU 0") { checkPeerCopy(gpu1, gpu0); }
 }
 
 TEST_CASE("a CUBIN compiled here loads and runs in a new process without recompiling") {
@@ -374,14 +533,10 @@ int main(int argc, char **argv) {
         }
     }
     try {
-        auto plugin = openPlugin();
-        if (plugin->probe().device_count == 0) {
-            std::cout << "SKIP: the CUDA driver reports no device\n";
-            return 77;
-        }
-    } catch (const backplane::Error &e) {
-        std::cout << "SKIP: no CUDA device: " << e.what() << "\n";
-        return 77;
+        if (openPlugin()->probe().device_count == 0)
+            return backplane::test::skip("the CUDA driver reports no device");
+    } catch (const std::exception &e) {
+        return backplane::test::skipOrFail(e, "opening and probing the CUDA plugin");
     }
     doctest::Context context(argc, argv);
     return context.run();

@@ -1,9 +1,15 @@
 // The demo's tuned matmul (tools/backplane/demo_matmul.cpp) on one real plugin: candidates vs the
 // CPU, the tuner's pick, the warm cache. BACKPLANE_MATMUL_PLUGIN names the plugin ("host",
-// "vulkan"); exits 77 (SKIP) with the reason when it has no device here. Public API only.
+// "vulkan"); exits 77 (SKIP) with the reason only when the plugin has no driver or device here,
+// and fails on any other setup error. The test cases use the public API only; main() probes the
+// plugin through detail::PluginLibrary (internals) when the runtime's report cannot tell a
+// missing driver from another probe failure.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "demo_matmul.hpp"
 #include "tune_fixtures.hpp"
+
+#include "../test_skip.hpp"
+#include "plugin/plugin_library.hpp"
 
 #include <backplane/cache.hpp>
 #include <backplane/client.hpp>
@@ -154,6 +160,36 @@ TEST_CASE("the output check rejects a candidate whose product is wrong") {
     CHECK(rejected->error.find("differ") != std::string::npos);
 }
 
+namespace {
+
+/// Whether the runtime has a device of `plugin`: nullopt when it does, else the exit status with
+/// the reason printed (77 only for a missing driver or device).
+std::optional<int> exitUnlessUsable(const Runtime &runtime, const std::string &plugin) {
+    const auto &reports = runtime.plugins();
+    const auto report = std::find_if(reports.begin(), reports.end(),
+                                     [&](const PluginReport &r) { return r.name == plugin; });
+    if (report == reports.end())
+        return test::fail("no plugin named '" + plugin + "' in the plugin search path");
+    const std::string state = "plugin " + plugin + " is " + toString(report->state) + ": " +
+                              report->reason;
+    switch (report->state) {
+    case PluginState::Loaded: return std::nullopt;
+    case PluginState::NoDevice: return test::skip(state);
+    case PluginState::ProbeFailed:
+        // The report keeps the probe's message but not its code: probe again to tell a missing
+        // driver (skip) from any other probe failure (fail).
+        try {
+            detail::PluginLibrary::open(report->library, report->name, {})->probe();
+        } catch (const std::exception &e) {
+            return test::skipOrFail(e, "probing plugin " + plugin);
+        }
+        return test::fail(state);
+    default: return test::fail(state);
+    }
+}
+
+} // namespace
+
 int main(int argc, char **argv) {
     const char *plugin = std::getenv("BACKPLANE_MATMUL_PLUGIN");
     if (plugin == nullptr || *plugin == '\0') {
@@ -165,10 +201,10 @@ int main(int argc, char **argv) {
         config.cacheEnabled = false;
         config.pluginEnable = {plugin};
         gRuntime.emplace(config);
+        if (const std::optional<int> status = exitUnlessUsable(*gRuntime, plugin)) return *status;
         gClient.emplace(gRuntime->open(gRuntime->select(plugin)));
-    } catch (const Error &e) {
-        std::printf("SKIP: no %s device for the matmul test: %s\n", plugin, e.what());
-        return 77;
+    } catch (const std::exception &e) {
+        return test::skipOrFail(e, std::string("opening a ") + plugin + " device");
     }
     std::printf("matmul test on %s %s\n", gClient->device().id().c_str(),
                 gClient->device().name.c_str());

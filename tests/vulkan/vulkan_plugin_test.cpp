@@ -1,13 +1,20 @@
 // Tests of the Vulkan plugin through its C ABI (internals: detail::PluginLibrary), on lavapipe in
-// CI. Exits 77 (SKIP) when no Vulkan device is there.
+// CI. Exits 77 (SKIP) only when there is no Vulkan loader or device; fails when validation is
+// requested (`vulkan_validation`) but the Khronos validation layer is not installed.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "../test_skip.hpp"
 #include "plugin/plugin_library.hpp"
 
 #include <backplane/abi/plugin_sdk.hpp>
 #include <backplane/log.hpp>
 
+#include <vulkan/vulkan.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +23,7 @@
 #include <iostream>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -26,7 +34,10 @@ using backplane::sdk::makeStruct;
 
 namespace {
 
+constexpr const char *kValidationLayer = "VK_LAYER_KHRONOS_validation";
+
 std::atomic<int> gValidationErrors{0};
+std::atomic<bool> gPluginLacksValidationLayer{false};
 std::atomic<int> gCacheLoads{0};
 std::atomic<int> gCacheIgnored{0};
 std::mutex gFirstErrorMutex;
@@ -44,10 +55,48 @@ void installLogSink() {
                 gFirstValidationError = text;
             }
         }
+        if (text.find("validation requested but") != std::string::npos)
+            gPluginLacksValidationLayer = true;
         if (text.find("pipeline cache loaded") != std::string::npos) ++gCacheLoads;
         if (text.find("ignoring corrupt") != std::string::npos) ++gCacheIgnored;
         if (level >= backplane::log::Level::Warn) std::cerr << text << "\n";
     });
+}
+
+/// Whether validation is requested, read as the plugin reads BACKPLANE_VULKAN_VALIDATION.
+bool validationRequested() {
+    const char *value = std::getenv("BACKPLANE_VULKAN_VALIDATION");
+    return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+/// Whether the Vulkan loader, asked directly (not through the plugin), lists the Khronos
+/// validation layer; nullopt without a usable loader, which the plugin's probe then reports.
+std::optional<bool> loaderListsValidationLayer() {
+    void *loader = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (loader == nullptr) return std::nullopt;
+    const auto getProc =
+        reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(loader, "vkGetInstanceProcAddr"));
+    const auto enumerate =
+        getProc == nullptr ? nullptr
+                           : reinterpret_cast<PFN_vkEnumerateInstanceLayerProperties>(
+                                 getProc(VK_NULL_HANDLE, "vkEnumerateInstanceLayerProperties"));
+    std::optional<bool> listed;
+    if (enumerate != nullptr) {
+        uint32_t count = 0;
+        std::vector<VkLayerProperties> layers;
+        VkResult result = VK_INCOMPLETE;
+        while (result == VK_INCOMPLETE) {
+            enumerate(&count, nullptr);
+            layers.resize(count);
+            result = enumerate(&count, layers.data());
+        }
+        layers.resize(count);
+        listed = std::any_of(layers.begin(), layers.end(), [](const VkLayerProperties &l) {
+            return std::strcmp(l.layerName, kValidationLayer) == 0;
+        });
+    }
+    dlclose(loader);
+    return listed;
 }
 
 std::shared_ptr<PluginLibrary> openPlugin(const std::string &cacheDir = {},
@@ -588,6 +637,226 @@ TEST_CASE("launch arguments the device cannot honour are rejected before recordi
 
 namespace {
 
+/// kernel_load of a blob; returns the status and fills `error`, `out` on success.
+bp_status loadKernel(Device &d, bp_dialect dialect, const std::vector<unsigned char> &binary,
+                     const char *entry, bp_kernel *&out, bp_error &error) {
+    auto args = makeStruct<bp_kernel_load_args>();
+    args.dialect = dialect;
+    args.entry_point = entry;
+    args.binary = binary.data();
+    args.binary_size = binary.size();
+    error = backplane::detail::makeError();
+    out = nullptr;
+    return d.api->kernel_load(d.device, &args, &out, &error);
+}
+
+/// Compiles GLSL (must succeed) and loads it; returns the load's status.
+bp_status loadGlsl(Device &d, const std::string &glsl, const char *entry, bp_kernel *&out,
+                   bp_error &error, std::vector<unsigned char> *spirv = nullptr) {
+    std::vector<unsigned char> binary;
+    std::string log;
+    REQUIRE(d.compile(BP_DIALECT_GLSL, glsl, entry, binary, log, error) == BP_SUCCESS);
+    if (spirv) *spirv = binary;
+    return loadKernel(d, BP_DIALECT_GLSL, binary, entry, out, error);
+}
+
+bool contains(const char *text, const char *part) { return std::strstr(text, part) != nullptr; }
+
+// Uses bindings 0 and 2 only: a launch must still give 3 (binding i is launch binding i).
+const std::string kGapBindings = R"(#version 450
+layout(local_size_x_id = 0) in;
+layout(set = 0, binding = 0) readonly buffer A { uint a[]; };
+layout(set = 0, binding = 2) buffer C { uint c[]; };
+layout(push_constant) uniform P { uint n; };
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    if (i < n) c[i] = a[i] + 1u;
+}
+)";
+
+// Declares a second buffer and a push-constant block it never reads: the optimizer (the
+// plugin's default -O) removes both, so the module uses one buffer and no push constants.
+const std::string kUnusedInterface = R"(#version 450
+layout(local_size_x_id = 0) in;
+layout(set = 0, binding = 0) buffer X { uint x[]; };
+layout(set = 0, binding = 1) buffer Unused { uint unused[]; };
+layout(push_constant) uniform P { uint ignored; };
+void main() { x[gl_GlobalInvocationID.x] = 7u; }
+)";
+
+} // namespace
+
+TEST_CASE("a launch without the scalars of the shader's push-constant block is refused and the "
+          "process survives") {
+    // Before the check, this launch recorded a dispatch whose push constants were never pushed:
+    // lavapipe crashed the process (SIGSEGV), also under the validation layer.
+    Device d(openPlugin());
+    bp_stream *s = d.stream();
+    bp_kernel *k = d.kernel(kAxpb, "axpb");
+    const uint32_t n = 256;
+    bp_memory *a = d.allocate(n * 4);
+    bp_memory *b = d.allocate(n * 4);
+    const bp_binding bindings[2] = {{a, 0, n * 4}, {b, 0, n * 4}};
+    bp_error error{};
+    {
+        const auto args = launchArgs(k, bindings, 2, nullptr, 0, n / 64, 64);
+        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        MESSAGE(error.message);
+        CHECK(contains(error.message, "'axpb'"));
+        CHECK(contains(error.message, "2 storage-buffer bindings"));
+        CHECK(contains(error.message, "12 bytes of push constants"));
+        CHECK(contains(error.message, "2 bindings and 0 scalar bytes"));
+    }
+    {
+        const uint32_t tooFew = n; // 4 of the block's 12 bytes
+        const auto args = launchArgs(k, bindings, 2, &tooFew, sizeof tooFew, n / 64, 64);
+        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        INFO(error.message);
+        CHECK(contains(error.message, "2 bindings and 4 scalar bytes"));
+    }
+    // Nothing was recorded (had the launches above been accepted, they would run at the sync
+    // below): the stream is intact and a correct launch runs.
+    std::vector<uint32_t> input(n);
+    std::iota(input.begin(), input.end(), 1u);
+    d.write(s, a, 0, input.data(), n * 4);
+    const uint32_t scalars[3] = {n, 2, 1};
+    const auto args = launchArgs(k, bindings, 2, scalars, sizeof scalars, n / 64, 64);
+    REQUIRE(d.launch(s, args, error) == BP_SUCCESS);
+    std::vector<uint32_t> output(n);
+    d.read(s, b, 0, output.data(), n * 4);
+    d.sync(s);
+    for (uint32_t i = 0; i < n; ++i) REQUIRE(output[i] == input[i] * 2 + 1);
+    d.free(b);
+    d.free(a);
+    d.api->kernel_release(d.device, k);
+    d.destroy(s);
+}
+
+TEST_CASE("a launch with fewer bindings than the shader uses is refused naming both counts") {
+    Device d(openPlugin());
+    bp_stream *s = d.stream();
+    bp_kernel *axpb = d.kernel(kAxpb, "axpb");
+    bp_kernel *gap = d.kernel(kGapBindings, "gap");
+    const uint32_t n = 128;
+    bp_memory *a = d.allocate(n * 4);
+    bp_memory *c = d.allocate(n * 4);
+    const bp_binding bindings[3] = {{a, 0, n * 4}, {c, 0, n * 4}, {c, 0, n * 4}};
+    const uint32_t scalars[3] = {n, 1, 0};
+    bp_error error{};
+    {
+        const auto args = launchArgs(axpb, bindings, 1, scalars, sizeof scalars, n / 64, 64);
+        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        INFO(error.message);
+        CHECK(contains(error.message, "'axpb'"));
+        CHECK(contains(error.message, "2 storage-buffer bindings"));
+        CHECK(contains(error.message, "1 binding and 12 scalar bytes"));
+        const auto none = launchArgs(axpb, nullptr, 0, scalars, sizeof scalars, n / 64, 64);
+        CHECK(d.launch(s, none, error) == BP_ERROR_LAUNCH);
+    }
+    // Bindings 0 and 2: the count is the highest binding + 1, whatever lies between.
+    {
+        const auto args = launchArgs(gap, bindings, 2, &n, 4, n / 64, 64);
+        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        INFO(error.message);
+        MESSAGE(error.message);
+        CHECK(contains(error.message, "'gap'"));
+        CHECK(contains(error.message, "3 storage-buffer bindings"));
+    }
+    std::vector<uint32_t> input(n, 41u);
+    d.write(s, a, 0, input.data(), n * 4);
+    d.fill(s, c, 0, n * 4, 0);
+    const auto args = launchArgs(gap, bindings, 3, &n, 4, n / 64, 64);
+    REQUIRE(d.launch(s, args, error) == BP_SUCCESS);
+    std::vector<uint32_t> output(n);
+    d.read(s, c, 0, output.data(), n * 4);
+    d.sync(s);
+    for (uint32_t v : output) REQUIRE(v == 42u);
+    d.free(c);
+    d.free(a);
+    d.api->kernel_release(d.device, gap);
+    d.api->kernel_release(d.device, axpb);
+    d.destroy(s);
+}
+
+TEST_CASE("bindings and scalar bytes beyond what the shader uses are accepted") {
+    // The optimizer drops unused buffers and push-constant blocks from the module, so a launch
+    // that binds what the source declares must keep working; extra descriptors and push-constant
+    // bytes are harmless (the pipeline layout has room for them). Scalars larger than the block
+    // are a C struct's tail padding (a std430 block's size has none).
+    Device d(openPlugin());
+    bp_stream *s = d.stream();
+    bp_kernel *unused = d.kernel(kUnusedInterface, "unused_interface");
+    bp_kernel *inc = d.kernel(kIncrement, "increment");
+    const uint32_t n = 64;
+    bp_memory *x = d.allocate(n * 4);
+    bp_memory *y = d.allocate(n * 4);
+    const bp_binding bindings[2] = {{x, 0, n * 4}, {y, 0, n * 4}};
+    bp_error error{};
+    const uint32_t padded[2] = {n, 0xdeadbeef};
+    for (const auto &args : {launchArgs(unused, bindings, 2, &n, 4, 1, 64),
+                             launchArgs(inc, bindings, 1, padded, sizeof padded, 1, 64),
+                             launchArgs(inc, bindings, 2, &n, 4, 1, 64)}) {
+        const bp_status status = d.launch(s, args, error);
+        INFO(error.message);
+        REQUIRE(status == BP_SUCCESS);
+    }
+    std::vector<uint32_t> output(n);
+    d.read(s, x, 0, output.data(), n * 4);
+    d.sync(s);
+    for (uint32_t v : output) REQUIRE(v == 9u);
+    d.free(y);
+    d.free(x);
+    d.api->kernel_release(d.device, inc);
+    d.api->kernel_release(d.device, unused);
+    d.destroy(s);
+}
+
+TEST_CASE("a kernel whose interface the plugin cannot bind is refused at load") {
+    Device d(openPlugin());
+    bp_kernel *k = nullptr;
+    bp_error error{};
+    // Descriptors other than set-0 storage buffers: the plugin binds nothing else.
+    const std::string uniformBuffer = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer X { uint x[]; };
+layout(set = 0, binding = 1) uniform U { uint value; };
+void main() { x[0] = value; }
+)";
+    CHECK(loadGlsl(d, uniformBuffer, "with_uniform", k, error) == BP_ERROR_UNSUPPORTED);
+    MESSAGE(error.message);
+    CHECK(k == nullptr);
+    CHECK(contains(error.message, "'with_uniform'"));
+    CHECK(contains(error.message, "uniform buffer"));
+    const std::string otherSet = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 1, binding = 0) buffer X { uint x[]; };
+void main() { x[0] = 1u; }
+)";
+    CHECK(loadGlsl(d, otherSet, "other_set", k, error) == BP_ERROR_UNSUPPORTED);
+    CHECK(contains(error.message, "'other_set'"));
+    CHECK(contains(error.message, "set 1"));
+    const std::string bufferArray = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer X { uint x[]; } xs[2];
+void main() { xs[1].x[0] = 1u; }
+)";
+    CHECK(loadGlsl(d, bufferArray, "buffer_array", k, error) == BP_ERROR_UNSUPPORTED);
+    CHECK(contains(error.message, "array"));
+    // A module with a valid header and a broken body is refused before the driver sees it.
+    std::vector<unsigned char> spirv;
+    REQUIRE(loadGlsl(d, kIncrement, "main", k, error, &spirv) == BP_SUCCESS);
+    d.api->kernel_release(d.device, k);
+    std::vector<unsigned char> broken(spirv.begin(), spirv.begin() + 20);
+    for (int i = 0; i < 16; ++i) broken.insert(broken.end(), {0xff, 0xff, 0x0f, 0x00});
+    CHECK(loadKernel(d, BP_DIALECT_SPIRV, broken, "main", k, error) ==
+          BP_ERROR_INVALID_ARGUMENT);
+    MESSAGE(error.message);
+    CHECK(k == nullptr);
+    CHECK(contains(error.message, "'main'"));
+}
+
+namespace {
+
 /// Child process of the pipeline-cache test: open, build a pipeline, close (which saves).
 int pipelineCacheChild(const std::string &dir) {
     installLogSink();
@@ -711,10 +980,16 @@ TEST_CASE("narrow barriers and skipped state binds keep every result in order") 
 
 TEST_CASE("the validation layer reported no errors") {
     // Runs last: every operation above ran under the layer in the `vulkan_validation` entry.
-    const char *validation = std::getenv("BACKPLANE_VULKAN_VALIDATION");
+    const bool validation = validationRequested();
     const std::string summary = std::string("validation ") + (validation ? "on" : "off") +
                                 ", errors: " + std::to_string(gValidationErrors.load());
     MESSAGE(summary);
+    // Zero errors means nothing when the plugin ran without the layer it was asked for.
+    if (validation) {
+        INFO("the plugin logged: validation requested but " << std::string(kValidationLayer)
+                                                            << " is not installed");
+        CHECK_FALSE(gPluginLacksValidationLayer.load());
+    }
     std::lock_guard lock(gFirstErrorMutex);
     INFO(gFirstValidationError);
     CHECK(gValidationErrors.load() == 0);
@@ -725,15 +1000,22 @@ int main(int argc, char **argv) {
     if (argc == 3 && std::string(argv[1]) == "--pipeline-cache-child")
         return pipelineCacheChild(argv[2]);
     installLogSink();
+    // A missing layer is the machine's setup, not absent hardware: without it the last test
+    // case would count zero errors from a layer that never ran.
+    const std::optional<bool> layerListed =
+        validationRequested() ? loaderListsValidationLayer() : std::nullopt;
+    if (layerListed.has_value() && !*layerListed) {
+        const char *layerPath = std::getenv("VK_LAYER_PATH");
+        return backplane::test::fail(
+            std::string("validation requested but ") + kValidationLayer +
+            " is not installed (Debian: vulkan-validationlayers" +
+            (layerPath != nullptr ? std::string("; VK_LAYER_PATH=") + layerPath : "") + ")");
+    }
     try {
-        auto plugin = openPlugin();
-        if (plugin->probe().device_count == 0) {
-            std::cout << "SKIP: the Vulkan plugin found no device\n";
-            return 77;
-        }
-    } catch (const backplane::Error &e) {
-        std::cout << "SKIP: no Vulkan device: " << e.what() << "\n";
-        return 77;
+        if (openPlugin()->probe().device_count == 0)
+            return backplane::test::skip("the Vulkan plugin found no device");
+    } catch (const std::exception &e) {
+        return backplane::test::skipOrFail(e, "opening and probing the Vulkan plugin");
     }
     doctest::Context context(argc, argv);
     return context.run();

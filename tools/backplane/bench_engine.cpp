@@ -9,11 +9,18 @@
 #include "server/driver.hpp"
 
 #include <backplane/client.hpp>
+#include <backplane/config.hpp>
 #include <backplane/runtime.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace backplane::tool {
@@ -231,6 +238,144 @@ void benchDevice(const Runtime &runtime, const DeviceInfo &info, const BenchOpti
             client.stats().alignmentEvents - before), 0, "events", "== 0");
 }
 
+// A noop kernel whose name and text are new for every `n`: its first prepare() misses the
+// in-memory cache and compiles for real (the host variant has nothing to compile; its new name
+// still makes the server load it again).
+KernelSource freshKernel(uint64_t n) {
+    const std::string value = std::to_string(n % 0xfffffffeu) + "u";
+    const std::string glsl = R"(#version 450
+layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
+layout(set = 0, binding = 0) buffer B { uint b[]; };
+void main() { if (gl_GlobalInvocationID.x == 0xffffffffu) b[0] = )" +
+                             value + "; }\n";
+    const std::string cuda = R"(
+extern "C" __global__ void noop(unsigned int *b) { if (threadIdx.x == 0xffffffffu) b[0] = )" +
+                             value + "; }\n";
+    return {"noop-" + std::to_string(n),
+            {KernelVariant::host(&noopHost, "noop"),
+             KernelVariant::text(Dialect::Cuda, "noop", cuda),
+             KernelVariant::text(Dialect::Hip, "noop", cuda),
+             KernelVariant::text(Dialect::Glsl, "main", glsl)}};
+}
+
+// Mean host-side cost of one noop launch on `stream`: back-to-back execute() until `enough`
+// (asked after every launch, so idle and contended loops pay the same clock reads). The sync
+// that drains the stream is outside the timed part: under contention it would wait out the
+// other stream's operation in progress and charge it to these launches.
+double launchCostUs(ComputeClient &client, StreamId stream, const KernelSource &noop,
+                    const Dispatch &d, const std::function<bool(uint64_t, double)> &enough) {
+    StreamGuard guard(stream);
+    uint64_t launches = 0;
+    double elapsedUs = 0;
+    const auto start = Clock::now();
+    do {
+        client.execute(noop, d);
+        ++launches;
+        elapsedUs = usSince(start);
+    } while (!enough(launches, elapsedUs));
+    client.sync();
+    return elapsedUs / static_cast<double>(launches);
+}
+
+// Launch cost on stream `b` while another thread runs `operation(n)` on stream `a` back to back.
+// B starts after A's first operation (warm-up) and runs for `iterations` launches and at least
+// two more of A's operations, so the window covers A's whole cycle. A stops on its own `capUs`
+// into the window: a lock that B never wins would otherwise starve B's launch without bound.
+double launchCostWhileBusy(ComputeClient &client, StreamId a, StreamId b, const KernelSource &noop,
+                           const Dispatch &d, int iterations, double capUs,
+                           const std::function<void(uint64_t)> &operation) {
+    std::atomic<bool> stop{false}, failed{false}, measuring{false};
+    std::atomic<uint64_t> finished{0};
+    std::exception_ptr failure;
+    Clock::time_point windowStart;
+    std::thread busy([&] {
+        StreamGuard guard(a);
+        try {
+            for (uint64_t n = 0; !stop.load(); ++n) {
+                if (measuring.load() && usSince(windowStart) > capUs) break;
+                operation(n);
+                finished.fetch_add(1);
+            }
+            client.sync();
+        } catch (...) {
+            failure = std::current_exception();
+            failed = true;
+        }
+    });
+    while (finished.load() == 0 && !failed.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    double us = 0;
+    if (!failed.load()) {
+        const uint64_t before = finished.load();
+        windowStart = Clock::now();
+        measuring = true;
+        try {
+            us = launchCostUs(client, b, noop, d, [&](uint64_t launches, double elapsedUs) {
+                return failed.load() || elapsedUs > capUs ||
+                       (launches >= static_cast<uint64_t>(iterations) &&
+                        finished.load() >= before + 2);
+            });
+        } catch (...) {
+            stop = true;
+            busy.join();
+            throw;
+        }
+    }
+    stop = true;
+    busy.join();
+    if (failure) std::rethrow_exception(failure);
+    return us;
+}
+
+// One device lock around blocking work would stall every stream behind one stream's compile or
+// pageable write. Measured on a client of its own whose disk cache is off: every compile here
+// is new, and none of them belongs in the user's kernel cache.
+void benchStreamContention(const Runtime &uncached, const DeviceInfo &info,
+                           const BenchOptions &options, BenchRows &rows) {
+    if (variantFor(info, noopKernel()) == nullptr) return; // benchDevice said why
+    const int iterations = options.quick ? 200 : 5000;
+    const double capUs = options.quick ? 1e6 : 3e6;
+    uint64_t writeBytes = options.quick ? (16ull << 20) : (256ull << 20);
+    if (info.memoryBytes != 0) writeBytes = std::min(writeBytes, info.memoryBytes / 8);
+    if (info.maxAllocationBytes != 0) writeBytes = std::min(writeBytes, info.maxAllocationBytes);
+
+    Selection selection;
+    selection.device = info;
+    ComputeClient client = uncached.open(selection);
+    const std::string device = info.id() + " " + info.name;
+    const StreamId first = ComputeClient::currentStream();
+    const StreamId a = first + 3000, b = first + 3001;
+
+    const KernelSource noop = noopKernel();
+    Dispatch d;
+    d.block = {64, 1, 1};
+    d.bindings = {client.empty(4096)};
+    {
+        StreamGuard guard(b);
+        client.execute(noop, d);
+        client.sync();
+    }
+    const double idleUs = launchCostUs(client, b, noop, d, [&](uint64_t launches, double) {
+        return launches >= static_cast<uint64_t>(iterations);
+    });
+
+    const double compilingUs =
+        launchCostWhileBusy(client, a, b, noop, d, iterations, capUs,
+                            [&](uint64_t n) { client.prepare(freshKernel(n)); });
+    rows.push_back({"engine", device, "launch on B while A compiles new kernels, vs B idle",
+                    compilingUs, idleUs, "us", "<= 1.2x"});
+
+    Buffer target = client.empty(writeBytes);
+    std::vector<unsigned char> pageable(writeBytes, 1);
+    const double writingUs =
+        launchCostWhileBusy(client, a, b, noop, d, iterations, capUs,
+                            [&](uint64_t) { client.write(target, pageable.data(), writeBytes); });
+    rows.push_back({"engine", device,
+                    "launch on B while A writes " + std::to_string(writeBytes >> 20) +
+                        " MiB pageable, vs B idle",
+                    writingUs, idleUs, "us", "<= 1.2x"});
+}
+
 } // namespace
 
 void benchEngine(const BenchOptions &options, BenchRows &rows) {
@@ -242,11 +387,20 @@ void benchEngine(const BenchOptions &options, BenchRows &rows) {
         for (const PhysicalDevice &p : runtime.devices()) devices.push_back(p.info());
     }
     if (devices.empty()) std::fprintf(stderr, "bench engine: no device found\n");
+    Config uncachedConfig = runtime.config();
+    uncachedConfig.cacheEnabled = false;
+    const Runtime uncached(std::move(uncachedConfig));
     for (const DeviceInfo &info : devices) {
         try {
             benchDevice(runtime, info, options, rows);
         } catch (const Error &e) {
             std::fprintf(stderr, "bench engine: %s failed: %s\n", info.id().c_str(), e.what());
+        }
+        try {
+            benchStreamContention(uncached, info, options, rows);
+        } catch (const Error &e) {
+            std::fprintf(stderr, "bench engine: %s stream contention failed: %s\n",
+                         info.id().c_str(), e.what());
         }
     }
 }
