@@ -53,6 +53,21 @@ if [ -x $sanitizer ] && [ -x /work/main/$build/tests/conformance/conformance_tes
     tail -5 "$OUT/memcheck.log"
 fi
 
+# The randomized engine test, longer and wider than in the test list: CUDA streams and Vulkan's
+# several queues are where cross-stream hazards run concurrently on a device.
+model=/work/main/$build/tests/engine/engine_model_test
+for p in cuda vulkan; do
+    lib=/work/main/$build/plugins/$p/libbackplane_$p.so
+    BACKPLANE_LOG=off BACKPLANE_MODEL_PLUGIN=$p BACKPLANE_MODEL_LIBRARY=$lib BACKPLANE_MODEL_SECONDS=20 \
+        BACKPLANE_MODEL_THREADS=8 BACKPLANE_MODEL_STREAMS=12 timeout 200 $model > "$OUT/model-$p.log" 2>&1
+    echo "model $p (8 threads x 12 streams, 20 s): rc=$? $(grep -E '^model: plugin=' "$OUT/model-$p.log")" | tee -a "$OUT/tests.txt"
+done
+if [ -x $sanitizer ]; then
+    BACKPLANE_LOG=off BACKPLANE_MODEL_PLUGIN=cuda BACKPLANE_MODEL_LIBRARY=/work/main/$build/plugins/cuda/libbackplane_cuda.so \
+        BACKPLANE_MODEL_SECONDS=10 timeout 400 $sanitizer --tool memcheck --error-exitcode 9 $model > "$OUT/memcheck-model.log" 2>&1
+    echo "memcheck model(cuda): rc=$? $(grep -E '^model: plugin=' "$OUT/memcheck-model.log") $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-model.log" | tail -1)" | tee -a "$OUT/tests.txt"
+fi
+
 for dev in cuda vulkan host; do
     BACKPLANE_DEVICE=$dev timeout 120 $tool demo > /tmp/demo.txt 2>&1
     echo "demo $dev: rc=$? $(tail -1 /tmp/demo.txt)" | tee -a "$OUT/tests.txt"
