@@ -977,10 +977,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     std::printf("model: %s on %s (%s), options %s, seed=%llu (BACKPLANE_MODEL_SEED repeats it), "
-                "%u thread(s) x %u stream(s), %.1f s\n",
+                "%u thread(s) x %u stream(s) on %u backend stream(s), %.1f s\n",
                 name, gDevice.id().c_str(), gDevice.name.c_str(), options ? options : "{}",
                 static_cast<unsigned long long>(gSettings.seed), gSettings.threads,
-                gSettings.streams, gSettings.seconds);
+                gSettings.streams, std::min(gSettings.streams, std::max(gDevice.maxStreams, 1u)),
+                gSettings.seconds);
     std::fflush(stdout);
     doctest::Context context(argc, argv);
     const int rc = context.run();

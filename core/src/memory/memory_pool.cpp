@@ -107,6 +107,7 @@ std::shared_ptr<Slice> MemoryPool::carve(uint32_t poolIndex, Page &page, uint64_
         page.freeRanges.emplace(offset + reserved, FreeRange{range.size - reserved, range.hazards});
     ++page.live;
     page.idleChecks = 0;
+    page.idleSeen = false;
     Pool &pool = pools_[poolIndex];
     pool.bytesInUse += size;
     pool.bytesPadding += reserved - size;
@@ -182,7 +183,7 @@ void MemoryPool::release(FreeRecord &&record) {
     pool.bytesInUse -= record.requested;
     pool.bytesPadding -= record.reserved - record.requested;
     --pool.allocations;
-    if (--page->live == 0) page->idleSince = Clock::now();
+    --page->live;
     record.hazards.prune(tracker_);
     if (pool.kind != PoolKind::Sliced) {
         // One allocation per page: the page becomes one range with every hazard it had.
@@ -211,9 +212,12 @@ void MemoryPool::release(FreeRecord &&record) {
     page->freeRanges.emplace(offset, std::move(freed));
 }
 
-bool MemoryPool::releaseDue(Clock::time_point now) const {
-    return reservesSinceCheck_ >= layout_.deallocPeriod ||
-           now - lastCheck_ >= layout_.releaseIdleAfter / 2;
+bool MemoryPool::releaseDue() {
+    if (reservesSinceCheck_ >= layout_.deallocPeriod || layout_.releaseIdleAfter.count() == 0)
+        return true;
+    if (++callsSinceClock_ < 64) return false;
+    callsSinceClock_ = 0;
+    return Clock::now() - lastCheck_ >= layout_.releaseIdleAfter / 2;
 }
 
 void MemoryPool::releaseIdle(bool everything, Clock::time_point now, const SettledFn &settled) {
@@ -227,7 +231,12 @@ void MemoryPool::releaseIdle(bool everything, Clock::time_point now, const Settl
         const auto released = std::remove_if(pages.begin(), pages.end(), [&](const auto &page) {
             if (page->live != 0) {
                 page->idleChecks = 0;
+                page->idleSeen = false;
                 return false;
+            }
+            if (!page->idleSeen) {
+                page->idleSeen = true;
+                page->idleSince = now;
             }
             if (!everything) ++page->idleChecks;
             const bool due = everything || page->idleChecks > layout_.idleChecksBeforeRelease ||

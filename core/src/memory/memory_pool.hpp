@@ -58,9 +58,10 @@ public:
     std::shared_ptr<Slice> reserve(uint64_t size, AllocationMode mode, uint32_t slot);
     /// Takes a slice back (its page stays cached).
     void release(FreeRecord &&record);
-    /// True when the periodic release of idle pages is due (every deallocPeriod reserves, and
-    /// at least twice per releaseIdleAfter).
-    bool releaseDue(Clock::time_point now) const;
+    /// True when the periodic release of idle pages is due: every deallocPeriod reserves, and
+    /// at least twice per releaseIdleAfter (the clock is read on every 64th call only: it costs
+    /// more than the rest of an allocation).
+    bool releaseDue();
     /// Returns idle pages (no live slice) whose uses all completed per `settled`: all of them when
     /// `everything` (persistent pages included), else those seen idle at more than
     /// idleChecksBeforeRelease checks or idle for releaseIdleAfter.
@@ -82,7 +83,8 @@ private:
         std::map<uint64_t, FreeRange> freeRanges; ///< offset -> range, coalesced
         uint32_t live = 0;
         uint32_t idleChecks = 0;
-        Clock::time_point idleSince;
+        bool idleSeen = false;       ///< a check saw it idle (frees do not read the clock)
+        Clock::time_point idleSince; ///< when a check first saw it idle
     };
     struct Pool {
         std::string name;
@@ -109,6 +111,7 @@ private:
     uint32_t exclusiveIndex_ = 0;
     uint32_t persistentIndex_ = 0;
     uint64_t reservesSinceCheck_ = 0;
+    uint32_t callsSinceClock_ = 0;
     Clock::time_point lastCheck_ = Clock::now();
     uint64_t pageAllocations_ = 0;
     uint64_t pageReleases_ = 0;

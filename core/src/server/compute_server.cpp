@@ -167,8 +167,8 @@ void ComputeServer::drainFreesLocked() {
 }
 
 void ComputeServer::releaseIdleLocked(bool everything) {
+    if (!everything && !pool_->releaseDue()) return;
     const auto now = MemoryPool::Clock::now();
-    if (!everything && !pool_->releaseDue(now)) return;
     if (multi_) multi_->pollCompletion();
     pool_->releaseIdle(everything, now, [this](const Hazards &uses) {
         if (uses.allComplete(tracker_)) return true;
