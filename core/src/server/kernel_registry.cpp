@@ -61,6 +61,10 @@ bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
         auto &bucket = entries_[key];
         for (const auto &entry : bucket)
             if (entry->name == kernel.name && sameVariant(entry->variant, variant)) {
+                if (entry->ready != nullptr) {
+                    memoryHits_.fetch_add(1, std::memory_order_relaxed);
+                    return entry->ready;
+                }
                 pending = entry->loaded;
                 break;
             }
@@ -85,6 +89,7 @@ bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
         {
             std::lock_guard lock(mutex_);
             mine->kernel = std::move(owner);
+            mine->ready = handle;
         }
         promise.set_value(handle);
         return handle;

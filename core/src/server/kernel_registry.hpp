@@ -38,8 +38,9 @@ private:
     struct Entry {
         KernelVariant variant; ///< copy, to verify fast-key hits
         std::string name;
-        std::shared_future<bp_kernel *> loaded;
+        std::shared_future<bp_kernel *> loaded; ///< for callers that arrive while it compiles
         KernelOwner kernel; ///< set by the compiling thread under the lock
+        bp_kernel *ready = nullptr; ///< kernel.get() once loaded (guarded by the lock)
     };
 
     const KernelVariant &variantFor(const KernelSource &kernel) const;

@@ -22,11 +22,13 @@ void GcThread::registerTask(Fence fence, std::vector<Hold> holds) {
     {
         std::lock_guard lock(mutex_);
         tasks_.emplace_back(std::move(fence), std::move(holds));
+        queued_.store(tasks_.size(), std::memory_order_relaxed);
     }
     wake_.notify_one();
 }
 
 void GcThread::throttle() {
+    if (queued_.load(std::memory_order_relaxed) <= kMaxQueued) return; // the launch path
     std::unique_lock lock(mutex_);
     if (tasks_.size() <= kMaxQueued) return;
     idle_.wait(lock, [&] { return tasks_.size() <= kMaxQueued / 2 || stop_; });
@@ -54,6 +56,7 @@ void GcThread::run() {
         if (tasks_.empty()) break; // stop_ and nothing left: every hold was honoured
         auto task = std::move(tasks_.front());
         tasks_.pop_front();
+        queued_.store(tasks_.size(), std::memory_order_relaxed);
         busy_ = true;
         lock.unlock();
         bool completed = true;

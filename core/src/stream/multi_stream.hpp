@@ -111,6 +111,7 @@ private:
     std::condition_variable wake_;
     std::condition_variable idle_;
     std::deque<std::pair<Fence, std::vector<Hold>>> tasks_;
+    std::atomic<size_t> queued_{0}; ///< tasks_.size(), for throttle's lock-free fast path
     std::vector<Hold> quarantined_; ///< holds of failed fences: kept until the thread stops
     bool busy_ = false;
     bool stop_ = false;
