@@ -34,7 +34,15 @@ public:
         if (fail.load()) throw std::runtime_error("the fake stream's work failed");
         (void)event;
     }
-    bool queryEvent(void *) override { return released.load(); }
+    bool queryEvent(void *) override {
+        if (released.load() && fail.load()) throw std::runtime_error("the fake stream's work failed");
+        return released.load();
+    }
+    bool waitEventFor(void *event, uint64_t) override {
+        if (!released.load()) return false;
+        waitEventSync(event);
+        return true;
+    }
     void releaseEvent(void *event) override { delete static_cast<int *>(event); }
 
     uintptr_t streams = 0;
@@ -185,7 +193,7 @@ TEST_CASE("the GC queue is bounded: throttle waits until the GC caught up") {
     }
     std::atomic<bool> passed{false};
     std::thread producer([&] {
-        f.ms.gc().throttle();
+        f.ms.gc().throttle(1);
         passed = true;
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -259,4 +267,84 @@ TEST_CASE("interleave merges queues round robin onto one stream") {
     CHECK(runs[2].first == 1);
     CHECK(runs[3].first == 11);
     for (const auto &r : runs) CHECK(r.second == runs[0].second);
+}
+
+namespace {
+
+/// Events complete one by one, when the test says so.
+class GatedBackend final : public EventBackend {
+public:
+    struct Event {
+        std::atomic<bool> done{false};
+    };
+    void *createStream() override { return reinterpret_cast<void *>(++streams); }
+    void destroyStream(void *) override {}
+    void *flush(void *) override {
+        events.push_back(new Event);
+        return events.back();
+    }
+    void waitEvent(void *, void *) override {}
+    void waitEventSync(void *event) override {
+        while (!static_cast<Event *>(event)->done.load()) std::this_thread::yield();
+    }
+    bool waitEventFor(void *event, uint64_t) override {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        return queryEvent(event);
+    }
+    bool queryEvent(void *event) override { return static_cast<Event *>(event)->done.load(); }
+    void releaseEvent(void *event) override { delete static_cast<Event *>(event); }
+    uintptr_t streams = 0;
+    std::vector<Event *> events; ///< in flush order (the test flips `done`)
+};
+
+} // namespace
+
+TEST_CASE("a slow stream does not hold back the GC's releases for another stream") {
+    auto backend = std::make_shared<GatedBackend>();
+    CompletionTracker tracker(kMaxStreams);
+    MultiStream ms(backend, kMaxStreams, tracker, nullptr);
+    auto slow = std::make_shared<int>(1);
+    auto fast = std::make_shared<int>(2);
+    std::weak_ptr<int> slowWatch = slow, fastWatch = fast;
+    ms.hold(1, std::move(slow));
+    ms.flush(1); // event 0: stays pending
+    ms.hold(2, std::move(fast));
+    ms.flush(2); // event 1
+    backend->events[1]->done = true;
+    for (int i = 0; i < 2000 && !fastWatch.expired(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(fastWatch.expired()); // released although the older task of slot 1 is pending
+    CHECK_FALSE(slowWatch.expired());
+    CHECK(tracker.completed(2) == 0); // no operation was counted on slot 2's cursor
+    // Throttling is per stream: slot 2 has no backlog, so it never waits for slot 1.
+    for (size_t i = 0; i < GcThread::kMaxQueued + 4; ++i) {
+        ms.hold(1, std::make_shared<int>(0));
+        ms.flush(1);
+    }
+    ms.gc().throttle(2); // returns at once
+    for (auto *event : backend->events) event->done = true;
+    ms.gc().drain();
+    CHECK(slowWatch.expired());
+}
+
+TEST_CASE("draining the GC waits for the tasks queued before it, not for later ones") {
+    auto backend = std::make_shared<GatedBackend>();
+    CompletionTracker tracker(kMaxStreams);
+    MultiStream ms(backend, kMaxStreams, tracker, nullptr);
+    ms.hold(1, std::make_shared<int>(1));
+    ms.flush(1);
+    std::atomic<bool> drained{false};
+    std::thread drainer([&] {
+        ms.gc().drain();
+        drained = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK_FALSE(drained.load());
+    // Work queued after the drain began, still pending, must not delay it.
+    ms.hold(2, std::make_shared<int>(2));
+    ms.flush(2);
+    backend->events[0]->done = true;
+    drainer.join();
+    CHECK(drained.load());
+    for (auto *event : backend->events) event->done = true;
 }

@@ -94,6 +94,10 @@ public:
     ReadFuture() = default;
     explicit ReadFuture(std::function<std::vector<std::byte>()> finish)
         : finish_(std::move(finish)) {}
+    ReadFuture(ReadFuture &&) noexcept = default;
+    ReadFuture &operator=(ReadFuture &&) noexcept = default;
+    ReadFuture(const ReadFuture &) = delete; ///< one owner: copies would share one result
+    ReadFuture &operator=(const ReadFuture &) = delete;
     /// Blocks until the data arrived. Throws Error if the device failed.
     std::vector<std::byte> wait() {
         auto f = std::move(finish_);

@@ -220,7 +220,8 @@ bool MemoryPool::releaseDue() {
     return Clock::now() - lastCheck_ >= layout_.releaseIdleAfter / 2;
 }
 
-void MemoryPool::releaseIdle(bool everything, Clock::time_point now, const SettledFn &settled) {
+void MemoryPool::releaseIdle(bool everything, Clock::time_point now,
+                             std::vector<MemoryPage> &freed, const SettledFn &settled) {
     if (!everything) {
         reservesSinceCheck_ = 0;
         lastCheck_ = now;
@@ -228,29 +229,37 @@ void MemoryPool::releaseIdle(bool everything, Clock::time_point now, const Settl
     for (Pool &pool : pools_) {
         if (pool.kind == PoolKind::Persistent && !everything) continue;
         auto &pages = pool.pages;
-        const auto released = std::remove_if(pages.begin(), pages.end(), [&](const auto &page) {
-            if (page->live != 0) {
-                page->idleChecks = 0;
-                page->idleSeen = false;
-                return false;
-            }
-            if (!page->idleSeen) {
-                page->idleSeen = true;
-                page->idleSince = now;
-            }
-            if (!everything) ++page->idleChecks;
-            const bool due = everything || page->idleChecks > layout_.idleChecksBeforeRelease ||
-                             now - page->idleSince >= layout_.releaseIdleAfter;
-            if (!due) return false;
-            // Every use of the page's memory must have completed before the plugin gets it back.
-            Hazards uses;
-            for (const auto &[offset, range] : page->freeRanges) uses.merge(range.hazards);
-            uses.prune(tracker_);
-            return uses.empty() || settled(uses);
+        // stable_partition keeps every element (remove_if would destroy the released pages in
+        // place, under the caller's lock) and applies the predicate exactly once per page.
+        const auto released = std::stable_partition(pages.begin(), pages.end(), [&](const auto &page) {
+            return !releasable(*page, everything, now, settled);
         });
         pageReleases_ += static_cast<uint64_t>(pages.end() - released);
+        for (auto it = released; it != pages.end(); ++it) freed.push_back(std::move((*it)->memory));
         pages.erase(released, pages.end());
     }
+}
+
+bool MemoryPool::releasable(Page &page, bool everything, Clock::time_point now,
+                            const SettledFn &settled) {
+    if (page.live != 0) {
+        page.idleChecks = 0;
+        page.idleSeen = false;
+        return false;
+    }
+    if (!page.idleSeen) {
+        page.idleSeen = true;
+        page.idleSince = now;
+    }
+    if (!everything) ++page.idleChecks;
+    const bool due = everything || page.idleChecks > layout_.idleChecksBeforeRelease ||
+                     now - page.idleSince >= layout_.releaseIdleAfter;
+    if (!due) return false;
+    // Every use of the page's memory must have completed before the plugin gets it back.
+    Hazards uses;
+    for (const auto &[offset, range] : page.freeRanges) uses.merge(range.hazards);
+    uses.prune(tracker_);
+    return uses.empty() || settled(uses);
 }
 
 void MemoryPool::appendUsage(MemoryUsage &usage) const {

@@ -64,8 +64,10 @@ public:
     bool releaseDue();
     /// Returns idle pages (no live slice) whose uses all completed per `settled`: all of them when
     /// `everything` (persistent pages included), else those seen idle at more than
-    /// idleChecksBeforeRelease checks or idle for releaseIdleAfter.
-    void releaseIdle(bool everything, Clock::time_point now, const SettledFn &settled);
+    /// idleChecksBeforeRelease checks or idle for releaseIdleAfter. The pages move to `freed`:
+    /// the caller drops them (the plugin's free) after releasing its lock.
+    void releaseIdle(bool everything, Clock::time_point now, std::vector<MemoryPage> &freed,
+                     const SettledFn &settled);
     /// Appends the pools that hold pages.
     void appendUsage(MemoryUsage &usage) const;
 
@@ -100,6 +102,8 @@ private:
     std::shared_ptr<Slice> carve(uint32_t poolIndex, Page &page, uint64_t offset,
                                  uint64_t reserved, uint64_t size, uint32_t slot);
     Page &newPage(Pool &pool, uint64_t bytes);
+    /// Whether an idle page may go back now (counts the check; see releaseIdle).
+    bool releasable(Page &page, bool everything, Clock::time_point now, const SettledFn &settled);
     /// True when the range has no pending use on a slot other than `slot`.
     bool cleanFor(const FreeRange &range, uint32_t slot) const;
 

@@ -3,6 +3,7 @@
 
 #include <backplane/log.hpp>
 
+#include <algorithm>
 #include <utility>
 
 namespace backplane::detail {
@@ -34,44 +35,50 @@ StagingPool::StagingPool(std::shared_ptr<Driver> driver, uint64_t blockBytes, ui
 
 StagingPool::~StagingPool() = default;
 
-std::vector<StagingLease> StagingPool::acquire(size_t count, const SettledFn &settled) {
+std::vector<StagingLease> StagingPool::acquire(size_t count, const SettledFn &settled,
+                                               bool beyondLimit) {
+    const uint64_t limitBlocks = std::max<uint64_t>(1, limitBytes_ / blockBytes_);
     std::vector<StagingLease> leases;
+    std::vector<std::shared_ptr<StagingBlock>> surplus; // freed below, outside the lock
+    uint64_t fresh = 0;
     {
         std::lock_guard lock(state_->mutex);
         auto &idle = state_->idle;
-        for (auto it = idle.begin(); it != idle.end() && leases.size() < count;) {
-            if ((*it)->ready && !settled((*it)->ready)) {
+        for (auto it = idle.begin(); it != idle.end();) {
+            const bool ready = !(*it)->ready || settled((*it)->ready);
+            if (ready && leases.size() < count) {
+                (*it)->ready = {};
+                leases.emplace_back(std::move(*it), state_);
+                it = idle.erase(it);
+            } else if (ready && state_->blocks > limitBlocks) {
+                // A block taken beyond the limit earlier, idle again: give it back.
+                surplus.push_back(std::move(*it));
+                it = idle.erase(it);
+                --state_->blocks;
+            } else {
                 ++it;
-                continue;
             }
-            (*it)->ready = {};
-            leases.emplace_back(std::move(*it), state_);
-            it = idle.erase(it);
         }
         if (leases.size() == count) return leases;
         // Count the new blocks first, so concurrent callers cannot overshoot the limit.
-        const uint64_t room = (limitBytes_ / blockBytes_ > state_->blocks)
-                                  ? limitBytes_ / blockBytes_ - state_->blocks
-                                  : 0;
-        const uint64_t fresh = std::min<uint64_t>(room, count - leases.size());
+        const uint64_t room = limitBlocks > state_->blocks ? limitBlocks - state_->blocks : 0;
+        fresh = std::min<uint64_t>(room, count - leases.size());
+        if (leases.empty() && fresh == 0 && beyondLimit) fresh = 1; // see acquire()'s comment
         state_->blocks += fresh;
-        count = leases.size() + fresh;
     }
-    while (leases.size() < count) {
+    for (uint64_t made = 0; made < fresh; ++made) {
         try {
-            auto block =
-                std::make_shared<StagingBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, blockBytes_));
-            leases.emplace_back(std::move(block), state_);
+            leases.emplace_back(std::make_shared<StagingBlock>(
+                                    driver_->allocate(BP_MEMORY_PINNED_HOST, blockBytes_)),
+                                state_);
         } catch (const Error &e) {
-            if (e.code() != ErrorCode::OutOfMemory) {
+            {
                 std::lock_guard lock(state_->mutex);
-                state_->blocks -= count - leases.size();
-                throw;
+                state_->blocks -= fresh - made;
             }
+            if (e.code() != ErrorCode::OutOfMemory) throw;
             log::write(log::Subsystem::Memory, log::Level::Info,
                        "no pinned memory for another staging block: " + std::string(e.what()));
-            std::lock_guard lock(state_->mutex);
-            state_->blocks -= count - leases.size();
             break;
         }
     }

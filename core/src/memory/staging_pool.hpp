@@ -81,8 +81,10 @@ public:
     using SettledFn = std::function<bool(const Fence &)>;
     /// Up to `count` blocks ready for the host: idle ones whose last use completed (per
     /// `settled`; blocks still in use by another stream's work are skipped, so a caller never
-    /// waits for someone else's stream), then new ones while under the limit.
-    std::vector<StagingLease> acquire(size_t count, const SettledFn &settled);
+    /// waits for someone else's stream), then new ones while under the limit. When that gives
+    /// none and `beyondLimit`, one block beyond the limit (so a transfer never has to copy
+    /// unstaged while blocks are held by unwaited reads); such blocks are freed once idle again.
+    std::vector<StagingLease> acquire(size_t count, const SettledFn &settled, bool beyondLimit);
     /// Pinned bytes held (idle and leased).
     uint64_t bytesReserved() const;
     /// Takes the idle blocks whose last use completed (per `settled`); the caller frees them by

@@ -149,12 +149,13 @@ bool ComputeServer::fenceSettled(const Fence &fence) {
     return true;
 }
 
-std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count) {
-    return staging_->acquire(count, [this](const Fence &fence) { return fenceSettled(fence); });
+std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count, bool beyondLimit) {
+    return staging_->acquire(
+        count, [this](const Fence &fence) { return fenceSettled(fence); }, beyondLimit);
 }
 
-void ComputeServer::throttle() {
-    if (multi_) multi_->gc().throttle();
+void ComputeServer::throttle(uint32_t slot) {
+    if (multi_) multi_->gc().throttle(slot);
 }
 
 // ----- memory -----------------------------------------------------------------------------------
@@ -166,11 +167,15 @@ void ComputeServer::drainFreesLocked() {
     freeScratch_.clear();
 }
 
-void ComputeServer::releaseIdleLocked(bool everything) {
+void ComputeServer::releaseIdleLocked(bool everything, std::vector<MemoryPage> &freed) {
     if (!everything && !pool_->releaseDue()) return;
     const auto now = MemoryPool::Clock::now();
-    if (multi_) multi_->pollCompletion();
-    pool_->releaseIdle(everything, now, [this](const Hazards &uses) {
+    if (multi_) {
+        // Holds of streams that went quiet go to the GC now, and what completed is learnt.
+        multi_->flushHolds();
+        multi_->pollCompletion();
+    }
+    pool_->releaseIdle(everything, now, freed, [this](const Hazards &uses) {
         if (uses.allComplete(tracker_)) return true;
         // Not known complete: put a fence behind that work, so a later check can tell by query.
         if (multi_)
@@ -184,21 +189,23 @@ void ComputeServer::releaseEverythingIdle() {
     syncAll();
     if (multi_) multi_->gc().drain();
     std::vector<std::shared_ptr<StagingBlock>> blocks;
+    std::vector<MemoryPage> pages;
     {
         std::lock_guard lock(mutex_);
         drainFreesLocked();
-        releaseIdleLocked(true);
+        releaseIdleLocked(true, pages);
         blocks = staging_->takeIdle([this](const Fence &fence) { return fenceSettled(fence); });
     }
-    // `blocks` goes back to the plugin here, with no lock held.
+    // `blocks` and `pages` go back to the plugin here, with no lock held.
 }
 
 std::shared_ptr<Slice> ComputeServer::allocate(uint32_t slot, uint64_t size) {
     checkAlive();
     {
+        std::vector<MemoryPage> freed; // destroyed after the lock below is released
         std::lock_guard lock(mutex_);
         drainFreesLocked();
-        releaseIdleLocked(false);
+        releaseIdleLocked(false, freed);
         try {
             return pool_->reserve(size, mode_, slot);
         } catch (const Error &e) {
@@ -251,15 +258,25 @@ Tensor ComputeServer::emptyTensor(StreamId stream, std::span<const uint64_t> sha
         return t;
     }
     uint64_t rowElements = shape.back();
+    if (elementSize != 0 && rowElements > UINT64_MAX / elementSize / 2)
+        throw Error(ErrorCode::InvalidArgument,
+                    "emptyTensor: the shape's size in bytes does not fit in 64 bits");
     if (layout == TensorLayout::Optimized && shape.size() >= 2) {
         const uint64_t pitch = alignUp(rowElements * elementSize, layout_.alignment);
         if (pitch % elementSize == 0) rowElements = pitch / elementSize;
     }
     uint64_t stride = 1;
+    const auto overflow = [&] {
+        return Error(ErrorCode::InvalidArgument,
+                     "emptyTensor: the shape's size in bytes does not fit in 64 bits");
+    };
     for (size_t i = shape.size(); i-- > 0;) {
         t.strides[i] = stride;
-        stride *= (i + 1 == shape.size()) ? rowElements : shape[i];
+        const uint64_t extent = (i + 1 == shape.size()) ? rowElements : shape[i];
+        if (extent != 0 && stride > UINT64_MAX / extent) throw overflow();
+        stride *= extent;
     }
+    if (elementSize != 0 && stride > UINT64_MAX / elementSize) throw overflow();
     t.buffer = empty(stream, stride * elementSize);
     return t;
 }
@@ -271,12 +288,14 @@ void ComputeServer::setAllocationMode(AllocationMode mode) {
 
 MemoryUsage ComputeServer::memoryUsage() {
     MemoryUsage usage;
+    std::vector<MemoryPage> freed;
     {
         std::lock_guard lock(mutex_);
         drainFreesLocked();
-        releaseIdleLocked(false);
+        releaseIdleLocked(false, freed);
         pool_->appendUsage(usage);
     }
+    freed.clear();
     usage.bytesStaging = staging_->bytesReserved();
     if (usage.bytesStaging != 0) {
         PoolUsage p;
@@ -318,6 +337,14 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                             " has no indirect dispatch (grid from a buffer)",
                         info().backend);
         slices.push_back(&sliceOf(dispatch.gridBuffer, "execute"));
+        const uint64_t gridBytes = (*slices.back())->size;
+        if (dispatch.gridOffset % 4 != 0 || dispatch.gridOffset > gridBytes ||
+            gridBytes - dispatch.gridOffset < 3 * sizeof(uint32_t))
+            throw Error(ErrorCode::InvalidArgument,
+                        "kernel '" + kernel.name + "': gridOffset " +
+                            std::to_string(dispatch.gridOffset) +
+                            " must be a multiple of 4 with three uint32 behind it inside the "
+                            "grid buffer of " + std::to_string(gridBytes) + " bytes");
     }
     // Compiling (or waiting for another thread's compile) takes no engine lock.
     bp_kernel *handle = kernels_.find(kernel);
@@ -352,7 +379,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                 driver->launch(s, args, kernel.name);
             });
         }
-        throttle();
+        throttle(slot);
         return;
     }
     // Scheduler streams run the launch later: it owns copies of everything it points to.
@@ -409,7 +436,7 @@ void ComputeServer::syncAll() {
             for (uint32_t slot : multi_->activeSlots())
                 fences.push_back(multi_->flushTakingHolds(slot, holds));
         } else {
-            scheduler_->executeAll();
+            scheduled([&] { scheduler_->executeAll(); });
             for (void *stream : scheduler_->streams()) {
                 EventOwner event = driver_->flush(static_cast<bp_stream *>(stream), true);
                 ++counters_.eventsCreated;
@@ -436,7 +463,7 @@ void ComputeServer::flush(StreamId stream) {
         driver_->flush(static_cast<bp_stream *>(multi_->slot(slot).stream), false);
         return;
     }
-    scheduler_->executeStreams({slot});
+    scheduled([&] { scheduler_->executeStreams({slot}); });
 }
 
 void ComputeServer::sync(StreamId stream) {
@@ -490,7 +517,12 @@ ProfileDuration ComputeServer::profileEnd(StreamId stream, ProfileToken token) {
     }
     ProfileDuration duration;
     if (record.start) {
-        driver_->eventWait(end.get());
+        try {
+            driver_->eventWait(end.get());
+        } catch (const std::exception &e) {
+            markLost(e.what());
+            throw;
+        }
         duration.nanoseconds = driver_->elapsedNs(record.start.get(), end.get());
         duration.deviceTimestamps = true;
         return duration;

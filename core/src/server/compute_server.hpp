@@ -39,6 +39,9 @@ public:
         driver_->waitEvent(static_cast<bp_stream *>(stream), static_cast<bp_event *>(event));
     }
     void waitEventSync(void *event) override { driver_->eventWait(static_cast<bp_event *>(event)); }
+    bool waitEventFor(void *event, uint64_t timeoutNs) override {
+        return driver_->eventWaitFor(static_cast<bp_event *>(event), timeoutNs);
+    }
     bool queryEvent(void *event) override {
         return driver_->eventQuery(static_cast<bp_event *>(event));
     }
@@ -129,14 +132,18 @@ private:
     void waitFence(const Fence &fence);
     /// Whether `fence` completed, without blocking (the tracker, else a query).
     bool fenceSettled(const Fence &fence);
-    /// Up to `count` staging blocks ready for the host (never waits for other streams).
-    std::vector<StagingLease> stagingBlocks(size_t count);
+    /// Up to `count` staging blocks ready for the host (never waits for other streams); one
+    /// beyond the device's bound when none is free and `beyondLimit`.
+    std::vector<StagingLease> stagingBlocks(size_t count, bool beyondLimit);
 
     // memory (compute_server.cpp)
     std::shared_ptr<Slice> allocate(uint32_t slot, uint64_t size);
     void drainFreesLocked();
-    /// The periodic release of idle pages, when due; never waits.
-    void releaseIdleLocked(bool everything);
+    /// The periodic release of idle pages, when due; never waits. The pages it takes from the
+    /// pool go to `freed`: the caller drops them after releasing the engine lock.
+    void releaseIdleLocked(bool everything, std::vector<MemoryPage> &freed);
+    /// Runs scheduler work; a failure there marks the device lost (queued work was dropped).
+    template <class F> void scheduled(F &&work);
     /// Waits for every stream, then returns every idle page and staging block to the plugin.
     void releaseEverythingIdle();
 
@@ -148,8 +155,8 @@ private:
     Fence fenceLocked(uint32_t slot);
     /// Work of `slot` reaches the device and the host waits for it, no lock held while waiting.
     void syncSlot(uint32_t slot);
-    /// Lets the GC catch up when it fell behind (no lock held).
-    void throttle();
+    /// Lets the GC catch up when `slot`'s backlog grew too long (no lock held).
+    void throttle(uint32_t slot);
 
     // transfers (transfers.cpp)
     void writeStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
@@ -229,7 +236,16 @@ void ComputeServer::submit(uint32_t slot, std::span<const SlicePtr> slices, Op &
     task.run = [op = std::forward<Op>(op)](void *stream) mutable {
         op(static_cast<bp_stream *>(stream));
     };
-    scheduler_->registerTask(slot, std::move(task), origins);
+    scheduled([&] { scheduler_->registerTask(slot, std::move(task), origins); });
+}
+
+template <class F> void ComputeServer::scheduled(F &&work) {
+    try {
+        work();
+    } catch (const std::exception &e) {
+        markLost(e.what());
+        throw;
+    }
 }
 
 } // namespace backplane::detail

@@ -116,6 +116,14 @@ void Driver::eventWait(bp_event *event) {
     if (status != BP_SUCCESS) fail(status, error, "event_wait on " + info_.id());
 }
 
+bool Driver::eventWaitFor(bp_event *event, uint64_t timeoutNs) {
+    bp_error error = makeError();
+    const bp_status status = api().event_wait(device_, event, timeoutNs, &error);
+    if (status == BP_ERROR_TIMEOUT || status == BP_ERROR_NOT_READY) return false;
+    if (status != BP_SUCCESS) fail(status, error, "event_wait on " + info_.id());
+    return true;
+}
+
 bool Driver::eventQuery(bp_event *event) {
     bp_error error = makeError();
     const bp_status status = api().event_query(device_, event, &error);

@@ -102,6 +102,8 @@ public:
     EventOwner flush(bp_stream *stream, bool wantEvent, bool timing = false);
     void waitEvent(bp_stream *stream, bp_event *event);
     void eventWait(bp_event *event);
+    /// Waits at most `timeoutNs`; false when it ran out (the work is still pending).
+    bool eventWaitFor(bp_event *event, uint64_t timeoutNs);
     bool eventQuery(bp_event *event);
     uint64_t elapsedNs(bp_event *start, bp_event *end);
 

@@ -59,7 +59,7 @@ void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &sli
                                 uint64_t offset, const std::byte *src, uint64_t size) {
     const uint64_t chunk = staging_->blockBytes();
     const uint64_t count = (size + chunk - 1) / chunk;
-    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)));
+    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), true);
     if (leases.empty()) {
         writeDirect(slot, slice, offset, src, size);
         return;
@@ -91,7 +91,7 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
                                uint64_t size, std::byte *out) {
     const uint64_t chunk = staging_->blockBytes();
     const uint64_t count = (size + chunk - 1) / chunk;
-    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)));
+    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), true);
     if (leases.empty()) {
         readDirect(slot, slice, offset, size, out);
         return;
@@ -143,7 +143,7 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, const void *dat
         return;
     }
     writeStaged(slot, slice, offset, static_cast<const std::byte *>(data), size);
-    throttle();
+    throttle(slot);
 }
 
 void ComputeServer::read(StreamId stream, const Buffer &buffer, void *into, uint64_t size,
@@ -168,7 +168,7 @@ void ComputeServer::read(StreamId stream, const Buffer &buffer, void *into, uint
         return;
     }
     readStaged(slot, slice, offset, size, static_cast<std::byte *>(into));
-    throttle();
+    throttle(slot);
 }
 
 ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t offset,
@@ -178,6 +178,7 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
     if (offset > slice->size)
         throw Error(ErrorCode::InvalidArgument, "read offset beyond the end of the buffer");
     if (size == UINT64_MAX || size > slice->size - offset) size = slice->size - offset;
+    if (size == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
     const uint32_t slot = slotOf(stream);
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
@@ -201,7 +202,7 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
         return ReadFuture([out] { return std::move(*out); });
     }
     const std::weak_ptr<ComputeServer> self = weak_from_this();
-    std::vector<StagingLease> leases = stagingBlocks(1);
+    std::vector<StagingLease> leases = stagingBlocks(1, false);
     if (!leases.empty()) {
         // The copy lands in a staging block the future owns. Dropping the future returns the
         // block with the copy's fence, so nothing reuses or frees it before the copy is done.
@@ -215,7 +216,7 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
             fence = fenceLocked(slot);
         }
         lease->block().ready = fence;
-        throttle();
+        throttle(slot);
         return ReadFuture([self, lease, fence, size]() mutable {
             waitFence(self, fence);
             lease->block().ready = {};
@@ -224,21 +225,32 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
             return out;
         });
     }
-    // No staging block free: the copy lands in the future's own memory, which the stream holds
-    // until the copy completed (the future may be dropped before that).
-    auto out = std::make_shared<std::vector<std::byte>>(size);
+    // No staging block free (unwaited futures hold them): the copy lands in pinned memory of the
+    // future's own, which the stream also holds until the copy completed (the future may be
+    // dropped before that). Only without pinned memory does it copy into pageable memory.
+    std::shared_ptr<PinnedBlock> own;
+    try {
+        own = std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, size));
+    } catch (const Error &e) {
+        if (e.code() != ErrorCode::OutOfMemory) throw;
+    }
+    auto out = own ? std::shared_ptr<std::vector<std::byte>>()
+                   : std::make_shared<std::vector<std::byte>>(size);
+    void *dst = own ? own->data() : static_cast<void *>(out->data());
     Fence fence;
     {
         std::lock_guard lock(mutex_);
         submit(slot, slices,
-               [&](bp_stream *s) { driver->copyDeviceToHost(s, memory, base, out->data(), size); },
-               out);
+               [&](bp_stream *s) { driver->copyDeviceToHost(s, memory, base, dst, size); },
+               own ? Hold(own) : Hold(out));
         fence = fenceLocked(slot);
     }
-    throttle();
-    return ReadFuture([self, out, fence]() {
+    throttle(slot);
+    return ReadFuture([self, own, out, fence, size]() {
         waitFence(self, fence);
-        return std::move(*out);
+        if (!own) return std::move(*out);
+        const auto *bytes = static_cast<const std::byte *>(own->data());
+        return std::vector<std::byte>(bytes, bytes + size);
     });
 }
 
@@ -256,15 +268,16 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, const PinnedBuf
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
     void *src = data.block_->data();
+    const uint32_t slot = slotOf(stream);
     {
         std::lock_guard lock(mutex_);
-        submit(slotOf(stream), slices,
+        submit(slot, slices,
                [driver, memory, base, src, size](bp_stream *s) {
                    driver->copyHostToDevice(s, src, memory, base, size);
                },
                data.block_);
     }
-    throttle();
+    throttle(slot);
 }
 
 void ComputeServer::read(StreamId stream, const Buffer &buffer, const PinnedBuffer &into,
@@ -303,19 +316,29 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
     const auto &b = sliceOf(dst, "copy");
     checkTransferRange(*a, srcOffset, size, "copy source range");
     checkTransferRange(*b, dstOffset, size, "copy destination range");
+    if (a->memory == b->memory && size != 0) {
+        const uint64_t from = a->offset + srcOffset;
+        const uint64_t to = b->offset + dstOffset;
+        if (from < to + size && to < from + size)
+            throw Error(ErrorCode::InvalidArgument,
+                        "copy: the source and destination ranges overlap (" +
+                            std::to_string(size) + " bytes); copies between overlapping "
+                            "ranges are undefined on GPUs: copy through a temporary buffer");
+    }
     const SlicePtr slices[] = {&a, &b};
     Driver *driver = driver_.get();
     bp_memory *from = a->memory;
     bp_memory *to = b->memory;
     const uint64_t fromOffset = a->offset + srcOffset;
     const uint64_t toOffset = b->offset + dstOffset;
+    const uint32_t slot = slotOf(stream);
     {
         std::lock_guard lock(mutex_);
-        submit(slotOf(stream), slices, [=](bp_stream *s) {
+        submit(slot, slices, [=](bp_stream *s) {
             driver->copyDeviceToDevice(s, from, fromOffset, to, toOffset, size);
         });
     }
-    throttle();
+    throttle(slot);
 }
 
 void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern, uint64_t offset,
@@ -330,12 +353,13 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
+    const uint32_t slot = slotOf(stream);
     {
         std::lock_guard lock(mutex_);
-        submit(slotOf(stream), slices,
+        submit(slot, slices,
                [=](bp_stream *s) { driver->fill(s, memory, base, size, pattern); });
     }
-    throttle();
+    throttle(slot);
 }
 
 } // namespace backplane::detail

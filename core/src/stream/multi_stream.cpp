@@ -5,8 +5,19 @@
 
 namespace backplane::detail {
 
-GcThread::GcThread(CompletionTracker &tracker, std::function<void(const std::string &)> onFailure)
-    : tracker_(tracker), onFailure_(std::move(onFailure)), thread_([this] { run(); }) {}
+namespace {
+// While some fence is pending, the GC waits on the oldest for at most this long, then checks
+// the others by query, so a slow stream does not hold back releases of the others.
+constexpr uint64_t kGcSliceNs = 1'000'000;
+} // namespace
+
+GcThread::GcThread(uint32_t slots, CompletionTracker &tracker,
+                   std::function<void(const std::string &)> onFailure)
+    : slots_(slots == 0 ? 1 : slots), tracker_(tracker), onFailure_(std::move(onFailure)),
+      perSlot_(new std::atomic<uint32_t>[slots_]) {
+    for (uint32_t i = 0; i < slots_; ++i) perSlot_[i].store(0, std::memory_order_relaxed);
+    thread_ = std::thread([this] { run(); });
+}
 
 GcThread::~GcThread() {
     {
@@ -21,22 +32,32 @@ GcThread::~GcThread() {
 void GcThread::registerTask(Fence fence, std::vector<Hold> holds) {
     {
         std::lock_guard lock(mutex_);
-        tasks_.emplace_back(std::move(fence), std::move(holds));
-        queued_.store(tasks_.size(), std::memory_order_relaxed);
+        perSlot_[fence.slot % slots_].fetch_add(1, std::memory_order_relaxed);
+        tasks_.push_back({nextTicket_++, std::move(fence), std::move(holds)});
     }
     wake_.notify_one();
 }
 
-void GcThread::throttle() {
-    if (queued_.load(std::memory_order_relaxed) <= kMaxQueued) return; // the launch path
+void GcThread::throttle(uint32_t slot) {
+    std::atomic<uint32_t> &queued = perSlot_[slot % slots_];
+    if (queued.load(std::memory_order_relaxed) <= kMaxQueued) return; // the launch path
     std::unique_lock lock(mutex_);
-    if (tasks_.size() <= kMaxQueued) return;
-    idle_.wait(lock, [&] { return tasks_.size() <= kMaxQueued / 2 || stop_; });
+    progress_.wait(lock, [&] {
+        return queued.load(std::memory_order_relaxed) <= kMaxQueued / 2 || stop_;
+    });
+}
+
+bool GcThread::handledBefore(uint64_t ticket) const {
+    if (busyTicket_ != 0 && busyTicket_ < ticket) return false;
+    for (const Task &t : tasks_)
+        if (t.ticket < ticket) return false;
+    return true;
 }
 
 void GcThread::drain() {
     std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return tasks_.empty() && !busy_; });
+    const uint64_t ticket = nextTicket_;
+    progress_.wait(lock, [&] { return handledBefore(ticket); });
 }
 
 uint64_t GcThread::released() const {
@@ -49,50 +70,78 @@ size_t GcThread::queued() const {
     return tasks_.size();
 }
 
+std::deque<GcThread::Task>::iterator GcThread::findSettled(bool &failed, std::string &why) {
+    for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
+        try {
+            if (it->fence.event->query()) return it;
+        } catch (const std::exception &e) {
+            failed = true;
+            why = e.what();
+            return it;
+        }
+    }
+    return tasks_.end();
+}
+
+void GcThread::finish(Task task, bool failed, const std::string &why,
+                      std::unique_lock<std::mutex> &lock) {
+    perSlot_[task.fence.slot % slots_].fetch_sub(1, std::memory_order_relaxed);
+    busyTicket_ = task.ticket;
+    lock.unlock();
+    const size_t count = task.holds.size();
+    if (failed) {
+        // The work may still be running or in an unknown state: the memory it used must not be
+        // reused. Report it (the device is marked lost) and keep the holds.
+        log::write(log::Subsystem::Streams, log::Level::Error,
+                   "a stream's work failed; its memory is kept: " + why);
+        if (onFailure_) onFailure_(why);
+    } else {
+        tracker_.complete(task.fence.slot, task.fence.cursor);
+        task = {}; // drops the holds and the event outside the lock
+    }
+    lock.lock();
+    if (failed) {
+        for (Hold &h : task.holds) quarantined_.push_back(std::move(h));
+    } else {
+        released_ += count;
+    }
+    busyTicket_ = 0;
+    progress_.notify_all();
+}
+
 void GcThread::run() {
     std::unique_lock lock(mutex_);
     for (;;) {
         wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
         if (tasks_.empty()) break; // stop_ and nothing left: every hold was honoured
-        auto task = std::move(tasks_.front());
-        tasks_.pop_front();
-        queued_.store(tasks_.size(), std::memory_order_relaxed);
-        busy_ = true;
+        bool failed = false;
+        std::string why;
+        auto settled = findSettled(failed, why);
+        if (settled != tasks_.end()) {
+            Task task = std::move(*settled);
+            tasks_.erase(settled);
+            finish(std::move(task), failed, why, lock);
+            continue;
+        }
+        // Nothing complete: wait a little on the oldest, outside the lock, then look again.
+        EventPtr oldest = tasks_.front().fence.event;
         lock.unlock();
-        bool completed = true;
         try {
-            task.first.event->wait();
-            tracker_.complete(task.first.slot, task.first.cursor);
-        } catch (const std::exception &e) {
-            // The work may still be running or in an unknown state: the memory it used must not
-            // be reused. Report it (the device is marked lost) and keep the holds.
-            completed = false;
-            log::write(log::Subsystem::Streams, log::Level::Error,
-                       std::string("a stream's work failed; its memory is kept: ") + e.what());
-            if (onFailure_) onFailure_(e.what());
+            oldest->waitFor(kGcSliceNs);
+        } catch (const std::exception &) {
+            // reported by the next query
         }
-        const size_t count = task.second.size();
-        if (completed) {
-            task = {}; // drops the holds and the event outside the lock
-        }
+        oldest.reset();
         lock.lock();
-        if (completed) {
-            released_ += count;
-        } else {
-            for (Hold &h : task.second) quarantined_.push_back(std::move(h));
-        }
-        busy_ = false;
-        idle_.notify_all();
     }
-    busy_ = false;
-    idle_.notify_all();
+    progress_.notify_all();
 }
 
 MultiStream::MultiStream(std::shared_ptr<EventBackend> backend, uint32_t maxStreams,
                          CompletionTracker &tracker,
                          std::function<void(const std::string &)> onFailure)
     : backend_(std::move(backend)), maxStreams_(maxStreams == 0 ? 1 : maxStreams),
-      tracker_(tracker), onFailure_(onFailure), gc_(tracker, std::move(onFailure)) {}
+      tracker_(tracker), onFailure_(onFailure), gc_(maxStreams_, tracker, std::move(onFailure)) {}
 
 MultiStream::~MultiStream() {
     // Holds go to the GC with one last fence per slot; what a failed device keeps is dropped
@@ -216,6 +265,16 @@ Fence MultiStream::fenceCovering(uint32_t slotIndex, uint64_t cursor) {
     StreamSlot &s = slot(slotIndex);
     if (s.lastFence && s.lastFence.cursor >= cursor) return s.lastFence;
     return flush(slotIndex);
+}
+
+size_t MultiStream::flushHolds() {
+    size_t flushed = 0;
+    for (auto &[index, s] : slots_) {
+        if (s.pendingHolds.empty()) continue;
+        flush(index);
+        ++flushed;
+    }
+    return flushed;
 }
 
 void MultiStream::pollCompletion() {

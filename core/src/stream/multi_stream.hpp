@@ -34,6 +34,8 @@ public:
     virtual void waitEvent(void *stream, void *event) = 0;
     /// Blocks the host until `event` completed. Throws when the work before it failed.
     virtual void waitEventSync(void *event) = 0;
+    /// Waits at most `timeoutNs`; false when it ran out. Throws like waitEventSync.
+    virtual bool waitEventFor(void *event, uint64_t timeoutNs) = 0;
     /// True when `event` completed; never blocks. Throws like waitEventSync.
     virtual bool queryEvent(void *event) = 0;
     virtual void releaseEvent(void *event) = 0;
@@ -50,6 +52,7 @@ public:
     SharedEvent &operator=(const SharedEvent &) = delete;
     void *get() const noexcept { return event_; }
     void wait() { backend_->waitEventSync(event_); }
+    bool waitFor(uint64_t timeoutNs) { return backend_->waitEventFor(event_, timeoutNs); }
     bool query() { return backend_->queryEvent(event_); }
 
 private:
@@ -78,14 +81,17 @@ struct SharedBindingAnalysis {
 };
 
 /// Releases holds once their fence completed, on its own thread (seed 002's GcThread), and
-/// records the completion. A failed wait does not release: it reports the failure (the engine
-/// marks the device lost) and keeps the holds until the thread stops.
+/// records the completion. Tasks are released as their fences complete, in any order (one slow
+/// stream does not hold back the others). A failed fence does not release: it reports the failure
+/// (the engine marks the device lost) and keeps the holds until the thread stops.
 class GcThread {
 public:
-    /// Tasks queued beyond this make throttle() wait (the seed's bounded channel).
+    /// Tasks of one slot queued beyond this make throttle() on that slot wait (the seed's bounded
+    /// channel, per stream: a stream waits for its own backlog, never for another's).
     static constexpr size_t kMaxQueued = 64;
 
-    GcThread(CompletionTracker &tracker, std::function<void(const std::string &)> onFailure);
+    GcThread(uint32_t slots, CompletionTracker &tracker,
+             std::function<void(const std::string &)> onFailure);
     /// Waits for every queued task, then joins.
     ~GcThread();
     GcThread(const GcThread &) = delete;
@@ -93,9 +99,11 @@ public:
 
     /// Queues `holds` until `fence` completed. Never blocks (it is called under the engine lock).
     void registerTask(Fence fence, std::vector<Hold> holds);
-    /// Backpressure: blocks while more than kMaxQueued tasks wait. Call it without locks held.
-    void throttle();
-    /// Blocks until every task registered so far has been handled.
+    /// Backpressure: blocks while more than kMaxQueued tasks of `slot` wait. Call it without
+    /// locks held.
+    void throttle(uint32_t slot);
+    /// Blocks until every task registered before the call has been handled (later ones do not
+    /// delay it).
     void drain();
     /// Holds released after their fence completed (each hold counted once).
     uint64_t released() const;
@@ -103,17 +111,28 @@ public:
     size_t queued() const;
 
 private:
+    struct Task {
+        uint64_t ticket = 0;
+        Fence fence;
+        std::vector<Hold> holds;
+    };
     void run();
+    /// Takes a task whose fence completed or failed (query, never blocks); tasks_.end() if none.
+    std::deque<Task>::iterator findSettled(bool &failed, std::string &why);
+    void finish(Task task, bool failed, const std::string &why, std::unique_lock<std::mutex> &lock);
+    bool handledBefore(uint64_t ticket) const;
 
+    uint32_t slots_;
     CompletionTracker &tracker_;
     std::function<void(const std::string &)> onFailure_;
     mutable std::mutex mutex_;
     std::condition_variable wake_;
-    std::condition_variable idle_;
-    std::deque<std::pair<Fence, std::vector<Hold>>> tasks_;
-    std::atomic<size_t> queued_{0}; ///< tasks_.size(), for throttle's lock-free fast path
+    std::condition_variable progress_;
+    std::deque<Task> tasks_;
+    std::unique_ptr<std::atomic<uint32_t>[]> perSlot_; ///< queued tasks per slot (throttle)
+    uint64_t nextTicket_ = 1;
+    uint64_t busyTicket_ = 0; ///< the task being finished outside the lock (0: none)
     std::vector<Hold> quarantined_; ///< holds of failed fences: kept until the thread stops
-    bool busy_ = false;
     bool stop_ = false;
     uint64_t released_ = 0;
     std::thread thread_;
@@ -177,6 +196,9 @@ public:
     Fence fenceCovering(uint32_t slot, uint64_t cursor);
     /// Queries the newest fence of every slot (never blocks) and records completions.
     void pollCompletion();
+    /// Flushes every slot that holds something with a fence, so the GC can release it even if
+    /// that stream never fences again (a finished request thread). Returns how many it flushed.
+    size_t flushHolds();
 
     GcThread &gc() noexcept { return gc_; }
     uint64_t eventsCreated() const noexcept { return eventsCreated_; }
