@@ -154,6 +154,14 @@ std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, u
                 }
             }
         if (firstPage != nullptr) return carve(i, *firstPage, firstOffset, reserved, size, slot);
+        // Ranges kept apart while their uses were pending may have completed since: merge them
+        // and look again before asking the plugin for a new page.
+        bool merged = false;
+        for (auto &page : pool.pages) merged = coalesce(*page) || merged;
+        if (merged)
+            for (auto &page : pool.pages)
+                for (const auto &[offset, range] : page->freeRanges)
+                    if (range.size >= reserved) return carve(i, *page, offset, reserved, size, slot);
         Page &page = newPage(pool, pool.pageBytes);
         return carve(i, page, 0, reserved, size, slot);
     }
@@ -166,11 +174,19 @@ std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, u
                         driver_->info().id() + ": larger than the device's largest allocation (" +
                         std::to_string(layout_.maxAllocationBytes) + " bytes); split the buffer",
                     driver_->info().backend);
+    // The smallest idle page that fits, preferring one no other stream still uses.
     Page *best = nullptr;
-    for (auto &page : pool.pages)
-        if (page->live == 0 && page->memory.size >= reserved && page->memory.size <= 2 * reserved &&
-            (best == nullptr || page->memory.size < best->memory.size))
+    bool bestClean = false;
+    for (auto &page : pool.pages) {
+        if (page->live != 0 || page->memory.size < reserved || page->memory.size > 2 * reserved)
+            continue;
+        const bool clean = cleanFor(page->freeRanges.begin()->second, slot);
+        if (best == nullptr || (clean && !bestClean) ||
+            (clean == bestClean && page->memory.size < best->memory.size)) {
             best = page.get();
+            bestClean = clean;
+        }
+    }
     if (best == nullptr)
         best = &newPage(pool, std::min(alignUp(reserved, layout_.exclusiveRounding),
                                        std::max(reserved, layout_.maxAllocationBytes)));
@@ -193,23 +209,56 @@ void MemoryPool::release(FreeRecord &&record) {
         page->freeRanges.emplace(0, std::move(whole));
         return;
     }
+    // Neighbours merge only when they carry the same pending uses: a range still used by one
+    // stream must not taint clean memory next to it (a new buffer placed there would wait for
+    // unrelated work). coalesce() merges them later, once their uses completed.
     FreeRange freed{record.reserved, std::move(record.hazards)};
     uint64_t offset = record.offset;
     auto next = page->freeRanges.lower_bound(offset);
-    if (next != page->freeRanges.end() && offset + freed.size == next->first) {
+    if (next != page->freeRanges.end() && offset + freed.size == next->first &&
+        sameUses(next->second.hazards, freed.hazards)) {
         freed.size += next->second.size;
-        freed.hazards.merge(next->second.hazards);
         next = page->freeRanges.erase(next);
     }
     if (next != page->freeRanges.begin()) {
         auto prev = std::prev(next);
-        if (prev->first + prev->second.size == offset) {
+        if (prev->first + prev->second.size == offset &&
+            sameUses(prev->second.hazards, freed.hazards)) {
             prev->second.size += freed.size;
-            prev->second.hazards.merge(freed.hazards);
             return;
         }
     }
     page->freeRanges.emplace(offset, std::move(freed));
+}
+
+bool MemoryPool::sameUses(Hazards &a, Hazards &b) const {
+    a.prune(tracker_);
+    b.prune(tracker_);
+    if (a.uses().size() != b.uses().size()) return false;
+    for (const StreamUse &u : a.uses()) {
+        bool found = false;
+        for (const StreamUse &v : b.uses())
+            if (u.slot == v.slot && u.cursor == v.cursor) found = true;
+        if (!found) return false;
+    }
+    return true;
+}
+
+bool MemoryPool::coalesce(Page &page) {
+    bool merged = false;
+    auto &ranges = page.freeRanges;
+    for (auto it = ranges.begin(); it != ranges.end();) {
+        auto next = std::next(it);
+        if (next != ranges.end() && it->first + it->second.size == next->first &&
+            sameUses(it->second.hazards, next->second.hazards)) {
+            it->second.size += next->second.size;
+            ranges.erase(next);
+            merged = true;
+        } else {
+            it = next;
+        }
+    }
+    return merged;
 }
 
 bool MemoryPool::releaseDue() {

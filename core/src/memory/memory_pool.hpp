@@ -106,6 +106,10 @@ private:
     bool releasable(Page &page, bool everything, Clock::time_point now, const SettledFn &settled);
     /// True when the range has no pending use on a slot other than `slot`.
     bool cleanFor(const FreeRange &range, uint32_t slot) const;
+    /// True when both sets hold the same uses once completed ones are dropped (prunes both).
+    bool sameUses(Hazards &a, Hazards &b) const;
+    /// Merges neighbouring free ranges whose pending uses are the same; true if any merged.
+    bool coalesce(Page &page);
 
     std::shared_ptr<Driver> driver_;
     PoolLayout layout_;
