@@ -187,9 +187,18 @@ std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, u
             bestClean = clean;
         }
     }
-    if (best == nullptr)
-        best = &newPage(pool, std::min(alignUp(reserved, layout_.exclusiveRounding),
-                                       std::max(reserved, layout_.maxAllocationBytes)));
+    const uint64_t pageBytes = std::min(alignUp(reserved, layout_.exclusiveRounding),
+                                        std::max(reserved, layout_.maxAllocationBytes));
+    if (best == nullptr) best = &newPage(pool, pageBytes);
+    else if (!bestClean) {
+        // The only idle page that fits is still used by another stream: a new page avoids
+        // waiting for that work, when the device has the memory.
+        try {
+            best = &newPage(pool, pageBytes);
+        } catch (const Error &e) {
+            if (e.code() != ErrorCode::OutOfMemory) throw;
+        }
+    }
     return carve(exclusiveIndex_, *best, 0, reserved, size, slot);
 }
 
