@@ -5,17 +5,21 @@
 // One test per way the engine broke the design's memory safety invariant (memory reused or
 // released only after every earlier use completed, staging bounded and reported, a footprint
 // independent of the stream count, no blocking work under a device-wide lock); the ordering rules
-// it kept have guard tests ("... (guard)").
+// it kept have guard tests ("... (guard)"). The last section turns the findings of an adversarial
+// review of the engine rewrite into cases, numbered as the review numbered them.
 #include "host_fixture.hpp"
 
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace backplane;
@@ -743,4 +747,678 @@ TEST_CASE("a failed event wait marks the device lost and keeps the failed work's
         CHECK(client.stats().pageReleases == 0);
     } catch (const Error &) {
     }
+}
+
+// ----- 8. review findings -----------------------------------------------------------------------
+
+namespace {
+
+/// Polls `done` every millisecond for at most `limit`; returns done(). For "did not complete
+/// while the gate was closed" checks only: `limit` is many times what the work takes when idle.
+template <class F> bool waitFor(F &&done, std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+        if (std::chrono::steady_clock::now() >= until) return done();
+        std::this_thread::sleep_for(1ms);
+    }
+    return true;
+}
+
+/// Waits until `count` reaches `target` or made no progress for `stall`; returns the count.
+int progressUntilStall(const std::atomic<int> &count, int target, std::chrono::milliseconds stall) {
+    int seen = count.load();
+    auto lastProgress = std::chrono::steady_clock::now();
+    while (seen < target) {
+        std::this_thread::sleep_for(1ms);
+        const int now = count.load();
+        if (now != seen) {
+            seen = now;
+            lastProgress = std::chrono::steady_clock::now();
+        } else if (std::chrono::steady_clock::now() - lastProgress >= stall) {
+            break;
+        }
+    }
+    return seen;
+}
+
+std::string hex(uint32_t value) {
+    char text[9];
+    std::snprintf(text, sizeof(text), "%08x", value);
+    return text;
+}
+
+/// An indirect grid beyond the host device's max_grid_size (2^31 - 1, 65535, 65535): the launch
+/// is accepted and fails when it runs, where the host plugin reads the grid.
+constexpr uint32_t kGridTooLarge[3] = {1, 70000, 1};
+
+/// Float bit patterns for fill(): saxpy with a = 3 turns x = 2, y = 1 into y = 7.
+constexpr uint32_t kTwoF = 0x40000000u;
+constexpr uint32_t kOneF = 0x3F800000u;
+
+// 1. Scheduler streams ({"mode":"sync"}) run queued tasks in batches. Stream A queues a launch
+// that fails when its batch runs; stream B then queues a create and a fill, and B's read runs
+// every queue. A's slot comes first in the batch, so B's tasks are still queued behind the failed
+// one. The failure must reach the caller and mark the device lost: a batch that stops at the
+// failed task drops B's accepted work, and a later read returns the stale bytes without an error.
+void schedulerFailureLosesTheDevice(SchedulerMode mode) {
+    Config config;
+    config.schedulerMode = mode;
+    ComputeClient client = openHost(kSync, config);
+    const uint32_t n = 1024;
+    Buffer onC, xC, yC;
+    {
+        StreamGuard guard(kC); // written and synced before the failure
+        onC = client.createFrom<uint32_t>(std::vector<uint32_t>(n, 0x33333333u));
+        xC = client.empty(uint64_t{n} * 4);
+        client.fill(xC, kTwoF);
+        yC = client.empty(uint64_t{n} * 4);
+        client.fill(yC, kOneF);
+        client.sync();
+    }
+    Buffer grid, yA;
+    {
+        StreamGuard onA(kA);
+        grid = client.create(kGridTooLarge, sizeof(kGridTooLarge));
+        yA = client.empty(uint64_t{n} * 4);
+        Dispatch d = saxpyDispatch(yA, yA, 1.0f, n);
+        d.gridBuffer = grid;
+        client.execute(saxpyKernel(), d); // queued: fails when its batch runs
+    }
+    Buffer x;
+    std::string firstError;
+    std::vector<uint32_t> first;
+    {
+        StreamGuard onB(kB);
+        x = client.createFrom<uint32_t>(std::vector<uint32_t>(n, 0x11111111u));
+        client.fill(x, 0x22222222u);
+        try {
+            first = client.readAs<uint32_t>(x); // runs every queue, the failing launch included
+        } catch (const Error &e) {
+            firstError = codeOf(e) + ": " + e.what();
+        }
+    }
+    INFO("the read that ran the failed launch: " << (firstError.empty() ? "no error" : firstError));
+    CHECK_MESSAGE(!firstError.empty(),
+                  "the failed launch was not reported to the call that ran it");
+    if (firstError.empty() && !first.empty())
+        CHECK_MESSAGE(countNot(first, 0x22222222u) == 0,
+                      "B's accepted fill was dropped: x[0] = " << hex(first.front()));
+    expectDeviceLost("a second read on B (stale bytes must not come back)", [&] {
+        StreamGuard onB(kB);
+        const std::vector<uint32_t> again = client.readAs<uint32_t>(x);
+        INFO("x[0] = " << hex(again.front()) << " (create wrote 11111111, fill 22222222)");
+        CHECK(countNot(again, 0x22222222u) == 0);
+    });
+    expectDeviceLost("a read on another stream of a buffer written before the failure", [&] {
+        StreamGuard guard(kC);
+        client.readAs<uint32_t>(onC);
+    });
+    expectDeviceLost("create on another stream", [&] {
+        StreamGuard guard(kC);
+        client.createFrom<uint32_t>(std::vector<uint32_t>(16, 1));
+    });
+    expectDeviceLost("execute on another stream", [&] {
+        StreamGuard guard(kC);
+        client.execute(saxpyKernel(), saxpyDispatch(xC, yC, 3.0f, n));
+        client.sync();
+    });
+    expectDeviceLost("sync of the stream whose work failed", [&] {
+        StreamGuard onA(kA);
+        client.sync();
+    });
+}
+
+} // namespace
+
+TEST_CASE("scheduler streams (interleave): failed work marks the device lost and drops no other "
+          "stream's work silently") {
+    schedulerFailureLosesTheDevice(SchedulerMode::Interleave);
+}
+
+TEST_CASE("scheduler streams (sequential): failed work marks the device lost and drops no other "
+          "stream's work silently") {
+    schedulerFailureLosesTheDevice(SchedulerMode::Sequential);
+}
+
+namespace {
+
+enum class PageableTransfer { Read, Write };
+
+// 2. Two small ReadFutures, never waited, own every staging block the device may have. A
+// pageable transfer then finds no free block. Copying unstaged means the plugin copies from or
+// into pageable memory, which a GPU driver serves synchronously (under the engine lock in the
+// old code: every other stream stalls). It must go through a transient pinned block instead,
+// which the usage report shows as staging memory above the bound while the transfer is pending
+// (a gated kernel on its stream holds it there). The host plugin does not block on pageable
+// memory, so the staging figure is what tells the two paths apart here; the public contract
+// (right bytes, stream B not blocked) is checked as well.
+void unstagedTransferUsesPinnedMemory(PageableTransfer transfer) {
+    constexpr uint64_t kChunk = 64 * 1024;
+    constexpr uint64_t kLimit = 2 * kChunk;
+    Config config;
+    config.stagingChunkBytes = kChunk;
+    config.stagingLimitBytes = kLimit;
+    ComputeClient client = openHost(kAsync, config);
+    std::atomic<bool> started{false}; // the helper's: declared before the watchdog that joins it
+    std::vector<uint32_t> seen;
+    Gate<0> gate;
+    Watchdog watchdog;
+    const uint32_t n = 1 << 16; // 256 KiB: four staging chunks
+    const uint64_t bytes = uint64_t{n} * 4;
+    ReadFuture held[2];
+    Buffer small;
+    {
+        StreamGuard guard(kC);
+        small = client.empty(4096); // empty + fill: no staging block is touched
+        client.fill(small, 0xC0C0C0C0u);
+        held[0] = client.read(small);
+        held[1] = client.read(small);
+    }
+    const uint64_t stagingBefore = stagingBytes(client.memoryUsage());
+    CHECK(stagingBefore == kLimit); // the futures own the whole bound
+    Buffer bx, by;
+    {
+        StreamGuard onB(kB);
+        bx = client.empty(1000 * 4);
+        client.fill(bx, kTwoF);
+        by = client.empty(1000 * 4);
+        client.fill(by, kOneF);
+        client.sync();
+    }
+    Buffer src, dst;
+    {
+        StreamGuard onA(kA);
+        src = client.empty(bytes);
+        client.fill(src, 0x0A0A0A0Au);
+        dst = client.empty(bytes);
+        client.fill(dst, 0);
+        client.execute(Gate<0>::kernel(), Gate<0>::copy(src, dst, n));
+        client.flush();
+    }
+    REQUIRE(watchdog.waitUntil([&] { return gate.entered() > 0; }));
+    const std::vector<uint32_t> written(n, 0x5E5E5E5Eu);
+    const size_t helper = watchdog.spawn([&] {
+        StreamGuard onA(kA);
+        started = true;
+        if (transfer == PageableTransfer::Read) {
+            seen.resize(n);
+            client.read(dst, seen.data(), bytes); // ordered after the gated kernel
+        } else {
+            client.write(dst, written.data(), bytes);
+        }
+    });
+    REQUIRE(watchdog.waitUntil([&] { return started.load(); }));
+    // While the transfer waits behind the gate, its pinned memory shows above the bound.
+    uint64_t stagingPeak = 0;
+    const bool stagedAboveBound = waitFor(
+        [&] {
+            stagingPeak = std::max(stagingPeak, stagingBytes(client.memoryUsage()));
+            return stagingPeak > kLimit;
+        },
+        2000ms);
+    const bool gatedWhileStaging = !gate.isOpen();
+    bool finishedWhileGated = false;
+    {
+        StreamGuard onB(kB);
+        client.fill(by, kOneF);
+        client.execute(saxpyKernel(), saxpyDispatch(bx, by, 3.0f, 1000));
+        client.flush();
+        finishedWhileGated = !gate.isOpen();
+    }
+    CHECK_FALSE(watchdog.fired());
+    INFO("staging: " << stagingBefore << " B before the transfer, at most " << stagingPeak
+                     << " B during it (bound " << kLimit << " B)");
+    CHECK_MESSAGE(stagedAboveBound,
+                  "the pageable transfer with no staging block free did not go through pinned "
+                  "memory (copied unstaged from or into the caller's pageable memory)");
+    CHECK(gatedWhileStaging);
+    CHECK(finishedWhileGated);
+    gate.open();
+    watchdog.join();
+    checkHelper(watchdog, helper);
+    if (!gate.abandoned()) {
+        StreamGuard onA(kA);
+        if (transfer == PageableTransfer::Read) {
+            CHECK(countNot(seen, 0x0A0A0A0Au) == 0);
+        } else {
+            CHECK(countNot(client.readAs<uint32_t>(dst), 0x5E5E5E5Eu) == 0);
+        }
+    }
+    {
+        StreamGuard onB(kB);
+        const std::vector<float> out = client.readAs<float>(by);
+        REQUIRE(out.size() == 1000);
+        CHECK(out.front() == 7.0f);
+        CHECK(out.back() == 7.0f);
+    }
+    for (ReadFuture &future : held)
+        CHECK(countNot(words(future.wait()), 0xC0C0C0C0u) == 0);
+    client.syncAll();
+    client.memoryCleanup();
+    CHECK(stagingBytes(client.memoryUsage()) == 0); // the transient block went back too
+}
+
+} // namespace
+
+TEST_CASE("a pageable read with no staging block free goes through pinned memory and does not "
+          "stop another stream") {
+    unstagedTransferUsesPinnedMemory(PageableTransfer::Read);
+}
+
+TEST_CASE("a pageable write with no staging block free goes through pinned memory and does not "
+          "stop another stream") {
+    unstagedTransferUsesPinnedMemory(PageableTransfer::Write);
+}
+
+namespace {
+
+void slowHost(const bp_host_kernel_context *) { std::this_thread::sleep_for(5ms); }
+
+KernelSource slowKernel() { return {"slow", {KernelVariant::host(&slowHost, "slow")}}; }
+
+// 3. memoryCleanup() and the out-of-memory retry wait for the work submitted before them, not
+// for the GC queue to run empty: a producer thread keeps a pipeline of cross-stream work in
+// flight (a 5 ms kernel on a buffer allocated on another stream, a read future waited eight
+// iterations later), so the GC queue is never empty while it runs.
+void cleanupReturnsWhileCrossStreamWorkGoesOn(bool outOfMemory) {
+    ComputeClient client = openHost(outOfMemory ? kAsync64 : kAsync);
+    constexpr StreamId kProducer = kA;
+    constexpr StreamId kCaller = 14;
+    constexpr StreamId kOwner = 15;
+    Buffer shared, filler;
+    {
+        StreamGuard guard(kOwner);
+        shared = client.empty(4096);
+        client.fill(shared, 1);
+        client.sync();
+    }
+    if (outOfMemory) {
+        StreamGuard guard(kCaller);
+        filler = client.empty(40 * kMiB); // 30 MiB more does not fit without the retry
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<bool> returned{false};
+    std::atomic<int> rounds{0};
+    std::string outcome;
+    Watchdog watchdog(20s); // nothing to abandon: the test stops the producer itself
+    const size_t producer = watchdog.spawn([&] {
+        StreamGuard guard(kProducer);
+        Buffer mine = client.empty(4096);
+        std::deque<ReadFuture> inflight;
+        while (!stop.load()) {
+            Dispatch d;
+            d.bindings = {shared, mine};
+            client.execute(slowKernel(), d);
+            inflight.push_back(client.read(mine, uint64_t{0}, uint64_t{4}));
+            ++rounds;
+            if (inflight.size() > 8) {
+                inflight.front().wait();
+                inflight.pop_front();
+            }
+        }
+        for (ReadFuture &f : inflight)
+            f.wait();
+    });
+    const bool pipelineFull = waitFor([&] { return rounds.load() >= 16; }, 5000ms);
+    size_t caller = producer;
+    bool returnedInTime = false;
+    if (pipelineFull) {
+        caller = watchdog.spawn([&] {
+            StreamGuard guard(kCaller);
+            try {
+                if (outOfMemory) {
+                    Buffer big = client.empty(30 * kMiB);
+                    outcome = "allocated";
+                } else {
+                    client.memoryCleanup();
+                    outcome = "returned";
+                }
+            } catch (const Error &e) {
+                outcome = codeOf(e) + ": " + e.what();
+            }
+            returned = true;
+        });
+        // Idle, both return within milliseconds (the work before them is 8 kernels of 5 ms).
+        returnedInTime = waitFor([&] { return returned.load(); }, 5000ms);
+    }
+    const int roundsMeanwhile = rounds.load();
+    stop = true; // the producer ends; a blocked caller returns then
+    watchdog.join();
+    checkHelper(watchdog, producer);
+    checkHelper(watchdog, caller);
+    CHECK(pipelineFull);
+    INFO((outOfMemory ? "empty(30 MiB) on a full 64 MiB device" : "memoryCleanup()")
+         << ": " << outcome << "; producer rounds by then: " << roundsMeanwhile);
+    CHECK_MESSAGE(returnedInTime, "did not return within 5 s while another thread kept "
+                                  "cross-stream work in flight");
+    if (outOfMemory)
+        CHECK((outcome == "allocated" || outcome.rfind("out_of_memory", 0) == 0));
+    else
+        CHECK(outcome == "returned");
+}
+
+} // namespace
+
+TEST_CASE("memoryCleanup returns while another thread keeps cross-stream work in flight") {
+    cleanupReturnsWhileCrossStreamWorkGoesOn(false);
+}
+
+TEST_CASE("the out-of-memory retry returns while another thread keeps cross-stream work in "
+          "flight") {
+    cleanupReturnsWhileCrossStreamWorkGoesOn(true);
+}
+
+// 4. The GC releases cross-stream holds as their fences complete, not in one FIFO: stream A's
+// hold waits behind a gated kernel, and stream B's own cross-stream reads (which complete at
+// once) must not queue behind it until B is throttled.
+TEST_CASE("a stream's cross-stream reads go on while another stream's hold waits behind a gated "
+          "kernel") {
+    ComputeClient client = openHost(kAsync);
+    std::atomic<int> done{0}; // the helper's: declared before the watchdog that joins it
+    std::atomic<int> wrong{0};
+    Gate<0> gate;
+    Watchdog watchdog;
+    const uint32_t n = 1024;
+    Buffer srcA, dstA, onC;
+    {
+        StreamGuard guard(kC); // every buffer lives on C: each use below crosses streams
+        srcA = client.empty(uint64_t{n} * 4);
+        client.fill(srcA, 7);
+        dstA = client.empty(uint64_t{n} * 4);
+        onC = client.empty(4096);
+        client.fill(onC, 0x5A5A5A5Au);
+        client.sync();
+    }
+    ReadFuture pendingA;
+    {
+        StreamGuard onA(kA);
+        client.execute(Gate<0>::kernel(), Gate<0>::copy(srcA, dstA, n));
+        pendingA = client.read(dstA, uint64_t{0}, uint64_t{256}); // A's fence carries the holds
+    }
+    REQUIRE(watchdog.waitUntil([&] { return gate.entered() > 0; }));
+    constexpr int kReads = 200;
+    const size_t reader = watchdog.spawn([&] {
+        StreamGuard onB(kB);
+        for (int i = 0; i < kReads; ++i) {
+            if (countNot(client.readAs<uint32_t>(onC), 0x5A5A5A5Au) != 0) ++wrong;
+            done = i + 1;
+        }
+    });
+    // A read takes well under a millisecond: a second without progress means B is blocked.
+    const int finished = progressUntilStall(done, kReads, 1000ms);
+    const bool gatedThroughout = !gate.isOpen();
+    gate.open();
+    watchdog.join();
+    checkHelper(watchdog, reader);
+    CHECK_FALSE(watchdog.fired());
+    INFO("stream B finished " << finished << " of " << kReads
+                              << " reads while stream A's kernel was gated");
+    CHECK(finished == kReads);
+    CHECK(gatedThroughout);
+    CHECK(wrong.load() == 0);
+    CHECK(countNot(words(pendingA.wait()), 7) == 0);
+}
+
+namespace {
+
+// 6. Stream A's gated kernel writes x, and x is dropped meanwhile. A new buffer on stream B must
+// be placed on memory no pending work uses when there is such memory (the rest of the page, or a
+// new page): placed on x's bytes, B's read of its own fresh buffer waits for A's kernel.
+void newBufferAvoidsAnotherStreamsPendingBytes(uint64_t xBytes, uint64_t yBytes,
+                                               const char *options) {
+    ComputeClient client = openHost(options);
+    std::atomic<bool> done{false}; // the helper's: declared before the watchdog that joins it
+    std::vector<uint32_t> got;
+    Gate<0> gate;
+    Watchdog watchdog;
+    const uint32_t n = static_cast<uint32_t>(xBytes / 4);
+    Buffer src;
+    {
+        StreamGuard onA(kA);
+        src = client.empty(xBytes);
+        client.fill(src, 1);
+        Buffer x = client.empty(xBytes); // right before the page's free tail
+        client.execute(Gate<0>::kernel(), Gate<0>::copy(src, x, n));
+        client.flush();
+    } // x dropped while A's kernel is pending
+    REQUIRE(watchdog.waitUntil([&] { return gate.entered() > 0; }));
+    const size_t helper = watchdog.spawn([&] {
+        StreamGuard onB(kB);
+        Buffer y = client.empty(yBytes);
+        client.fill(y, 0xBBBBBBBBu);
+        got = client.readAs<uint32_t>(y);
+        done = true;
+    });
+    // Idle, B's three operations take milliseconds.
+    const bool finishedWhileGated = waitFor([&] { return done.load(); }, 2000ms) && !gate.isOpen();
+    const uint64_t streamWaits = client.stats().streamWaits;
+    gate.open();
+    watchdog.join();
+    checkHelper(watchdog, helper);
+    CHECK_FALSE(watchdog.fired());
+    INFO("device-side waits between streams: " << streamWaits);
+    CHECK_MESSAGE(finishedWhileGated, "stream B's fresh buffer was placed on bytes stream A's "
+                                      "gated kernel still uses, so B waited for that kernel");
+    CHECK(countNot(got, 0xBBBBBBBBu) == 0);
+}
+
+} // namespace
+
+TEST_CASE("a new small buffer on another stream is not placed on a freed slice's pending bytes") {
+    newBufferAvoidsAnotherStreamsPendingBytes(64 * 1024, 4096, kAsync);
+}
+
+TEST_CASE("a new large buffer on another stream does not reuse an exclusive page with pending "
+          "work while memory is free") {
+    newBufferAvoidsAnotherStreamsPendingBytes(4 * kMiB, 3 * kMiB, kAsync64);
+}
+
+// 7. profileEnd waits for the profiled work like any fence: failed work throws and marks the
+// device lost.
+TEST_CASE("profileEnd over failed work throws and marks the device lost") {
+    ComputeClient client = openHost(kAsync);
+    Buffer onC, grid, y; // all kept: nothing below reuses the failed work's memory
+    {
+        StreamGuard guard(kC);
+        onC = client.createFrom<uint32_t>(std::vector<uint32_t>(16, 9));
+        client.sync();
+    }
+    {
+        StreamGuard onA(kA);
+        grid = client.create(kGridTooLarge, sizeof(kGridTooLarge));
+        y = client.empty(4096);
+        client.sync();
+        const ProfileToken token = client.profileStart();
+        Dispatch d = saxpyDispatch(y, y, 1.0f, 1024);
+        d.gridBuffer = grid;
+        client.execute(saxpyKernel(), d);
+        CHECK_THROWS_AS(client.profileEnd(token), Error);
+    }
+    expectDeviceLost("create and read on another stream", [&] {
+        StreamGuard guard(kC);
+        Buffer b = client.createFrom<uint32_t>(std::vector<uint32_t>(16, 1));
+        client.readAs<uint32_t>(b);
+    });
+    expectDeviceLost("a read on another stream of a buffer written before the failure", [&] {
+        StreamGuard guard(kC);
+        client.readAs<uint32_t>(onC);
+    });
+    expectDeviceLost("sync of the profiled stream", [&] {
+        StreamGuard onA(kA);
+        client.sync();
+    });
+}
+
+// 8. A buffer used on a stream other than its own is held until that stream's next fence. A
+// stream that never fences again (its request thread ended) must not keep the dropped buffer
+// alive forever: the time-based release covers it.
+TEST_CASE("a dropped buffer last used on a stream that never fences again is released by the "
+          "time-based release") {
+    Config config;
+    config.releaseIdleAfterMs = 50;
+    ComputeClient client = openHost(kAsync, config);
+    const uint32_t n = 16384; // 64 KiB
+    Buffer keep;
+    {
+        Buffer x;
+        {
+            StreamGuard onA(kA);
+            keep = client.empty(4096);
+            x = client.empty(uint64_t{n} * 4);
+            client.fill(x, kTwoF);
+            client.sync();
+        }
+        {
+            StreamGuard onB(kB);
+            Buffer y = client.empty(uint64_t{n} * 4);
+            client.fill(y, kOneF);
+            client.execute(saxpyKernel(), saxpyDispatch(x, y, 3.0f, n)); // x held by B
+            client.flush(); // B never does anything again
+        }
+    } // x dropped: only B's hold keeps it
+    StreamGuard onA(kA);
+    client.sync();
+    std::this_thread::sleep_for(300ms); // six times the release delay
+    MemoryUsage usage;
+    const auto until = std::chrono::steady_clock::now() + 2s;
+    for (;;) {
+        for (int i = 0; i < 100; ++i) // allocations run the periodic check
+            client.empty(4096);
+        usage = client.memoryUsage();
+        if (usage.allocationCount == 1 || std::chrono::steady_clock::now() >= until) break;
+        std::this_thread::sleep_for(20ms);
+    }
+    INFO(usage.toString());
+    CHECK_MESSAGE(usage.allocationCount == 1,
+                  "live buffers: 1 (keep); the dropped buffer x is still counted in use");
+}
+
+namespace {
+
+std::atomic<uint32_t> countedWorkgroups{0};
+void countHost(const bp_host_kernel_context *) { countedWorkgroups.fetch_add(1); }
+KernelSource countKernel() { return {"count", {KernelVariant::host(&countHost, "count")}}; }
+
+} // namespace
+
+// 10. The grid of an indirect launch is read from gridBuffer + gridOffset: an offset whose 12
+// bytes do not lie inside the grid buffer would read another allocation's bytes (or memory no
+// hazard tracks) and is a caller error.
+TEST_CASE("an indirect launch whose grid offset runs past the grid buffer is rejected with "
+          "InvalidArgument") {
+    for (const uint64_t gridOffset : {uint64_t{4}, uint64_t{256}, UINT64_MAX - 3}) {
+        CAPTURE(gridOffset);
+        ComputeClient client = openHost(kAsync);
+        StreamGuard onA(kA);
+        const uint32_t one[3] = {1, 1, 1};
+        Buffer grid = client.create(one, sizeof(one)); // 12 bytes
+        const uint32_t other[3] = {5000, 1, 1};
+        Buffer neighbour = client.create(other, sizeof(other)); // the next slice of the page
+        client.sync();
+        Dispatch d;
+        d.gridBuffer = grid;
+        d.gridOffset = gridOffset;
+        countedWorkgroups = 0;
+        try {
+            client.execute(countKernel(), d);
+            std::string after = "ran";
+            try {
+                client.sync();
+            } catch (const Error &e) {
+                after = "then failed with Error(" + codeOf(e) + ")";
+            }
+            FAIL_CHECK("accepted; the launch " << after << " (" << countedWorkgroups.load()
+                                               << " workgroups)");
+        } catch (const Error &e) {
+            const std::string message = e.what();
+            INFO(message);
+            CHECK(codeOf(e) == "invalid_argument");
+        }
+    }
+    // Guard: a grid at an offset inside the buffer runs.
+    ComputeClient client = openHost(kAsync);
+    StreamGuard onA(kA);
+    const uint32_t grids[6] = {1, 1, 1, 3, 1, 1};
+    Buffer grid = client.create(grids, sizeof(grids));
+    Dispatch d;
+    d.gridBuffer = grid;
+    d.gridOffset = 12;
+    countedWorkgroups = 0;
+    client.execute(countKernel(), d);
+    client.sync();
+    CHECK(countedWorkgroups.load() == 3);
+}
+
+// 11. A tensor's byte size is a product of its shape: one that does not fit 64 bits must fail,
+// never wrap to a small buffer that the shape and strides overrun.
+TEST_CASE("emptyTensor rejects a shape whose byte size overflows 64 bits") {
+    ComputeClient client = openHost(kAsync);
+    StreamGuard onA(kA);
+    struct Case {
+        std::vector<uint64_t> shape;
+        uint64_t elementSize;
+        TensorLayout layout;
+    };
+    const Case cases[] = {
+        {{1ull << 32, 1ull << 32}, 4, TensorLayout::Contiguous},
+        {{1ull << 21, 1ull << 21, 1ull << 22}, 1, TensorLayout::Optimized},
+        {{1ull << 62}, 8, TensorLayout::Contiguous},
+        {{2, 1ull << 63}, 2, TensorLayout::Optimized}, // the row pitch itself wraps
+    };
+    for (const Case &c : cases) {
+        CAPTURE(c.shape.front());
+        CAPTURE(c.shape.size());
+        CAPTURE(c.elementSize);
+        try {
+            Tensor t = client.emptyTensor(c.shape, c.elementSize, c.layout);
+            FAIL_CHECK("accepted with a buffer of " << t.buffer.size() << " bytes");
+        } catch (const Error &e) {
+            const std::string message = e.what();
+            INFO(message);
+            CHECK((codeOf(e) == "invalid_argument" || codeOf(e) == "out_of_memory"));
+        }
+    }
+}
+
+// 13. ReadFuture owns its result (a staging lease or host memory): a copy would share it, and a
+// second copy's wait() returned nothing or raced with the first.
+static_assert(!std::is_copy_constructible_v<backplane::ReadFuture>);
+
+TEST_CASE("ReadFuture is move-only") {
+    CHECK_FALSE(std::is_copy_constructible_v<ReadFuture>);
+    CHECK_FALSE(std::is_copy_assignable_v<ReadFuture>);
+    CHECK(std::is_move_constructible_v<ReadFuture>);
+    CHECK(std::is_move_assignable_v<ReadFuture>);
+}
+
+// 14. copy() within one buffer with overlapping ranges: the plugins disagree (the host plugin
+// moves, Vulkan rejects it, CUDA's copy is undefined), so the engine rejects it.
+TEST_CASE("copy within one buffer with overlapping ranges is rejected with InvalidArgument") {
+    ComputeClient client = openHost(kAsync);
+    StreamGuard onA(kA);
+    std::vector<uint32_t> data(16384); // 64 KiB
+    std::iota(data.begin(), data.end(), 0u);
+    Buffer b = client.createFrom<uint32_t>(data);
+    struct Range {
+        uint64_t src, dst, size;
+    };
+    for (const Range r :
+         {Range{0, 4096, 8192}, Range{4096, 0, 8192}, Range{0, 0, 4096}, Range{0, 4, 8}}) {
+        CAPTURE(r.src);
+        CAPTURE(r.dst);
+        CAPTURE(r.size);
+        try {
+            client.copy(b, r.src, b, r.dst, r.size);
+            FAIL_CHECK("an overlapping copy within one buffer was accepted");
+        } catch (const Error &e) {
+            const std::string message = e.what();
+            INFO(message);
+            CHECK(codeOf(e) == "invalid_argument");
+        }
+    }
+    // Guard: adjacent ranges of one buffer do not overlap and copy.
+    client.copy(b, 0, b, 8192, 8192);
+    std::vector<uint32_t> expected = data;
+    std::copy(data.begin(), data.begin() + 2048, expected.begin() + 2048);
+    CHECK(client.readAs<uint32_t>(b) == expected);
 }
