@@ -35,8 +35,8 @@ StagingPool::StagingPool(std::shared_ptr<Driver> driver, uint64_t blockBytes, ui
 
 StagingPool::~StagingPool() = default;
 
-std::vector<StagingLease> StagingPool::acquire(size_t count, const SettledFn &settled,
-                                               bool beyondLimit) {
+std::vector<StagingLease> StagingPool::acquire(size_t count, uint32_t slot,
+                                               const SettledFn &settled, bool beyondLimit) {
     const uint64_t limitBlocks = std::max<uint64_t>(1, limitBytes_ / blockBytes_);
     std::vector<StagingLease> leases;
     std::vector<std::shared_ptr<StagingBlock>> surplus; // freed below, outside the lock
@@ -45,9 +45,10 @@ std::vector<StagingLease> StagingPool::acquire(size_t count, const SettledFn &se
         std::lock_guard lock(state_->mutex);
         auto &idle = state_->idle;
         for (auto it = idle.begin(); it != idle.end();) {
-            const bool ready = !(*it)->ready || settled((*it)->ready);
-            if (ready && leases.size() < count) {
-                (*it)->ready = {};
+            const Fence &fence = (*it)->ready;
+            const bool ready = !fence || settled(fence);
+            if ((ready || fence.slot == slot) && leases.size() < count) {
+                if (ready) (*it)->ready = {};
                 leases.emplace_back(std::move(*it), state_);
                 it = idle.erase(it);
             } else if (ready && state_->blocks > limitBlocks) {

@@ -84,7 +84,10 @@ public:
     /// waits for someone else's stream), then new ones while under the limit. When that gives
     /// none and `beyondLimit`, one block beyond the limit (so a transfer never has to copy
     /// unstaged while blocks are held by unwaited reads); such blocks are freed once idle again.
-    std::vector<StagingLease> acquire(size_t count, const SettledFn &settled, bool beyondLimit);
+    /// Blocks whose last use was on `slot` itself are taken too (the caller's wait on their
+    /// fence is one it would have paid anyway: that work precedes its own on the stream).
+    std::vector<StagingLease> acquire(size_t count, uint32_t slot, const SettledFn &settled,
+                                      bool beyondLimit);
     /// Pinned bytes held (idle and leased).
     uint64_t bytesReserved() const;
     /// Takes the idle blocks whose last use completed (per `settled`); the caller frees them by

@@ -149,9 +149,10 @@ bool ComputeServer::fenceSettled(const Fence &fence) {
     return true;
 }
 
-std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count, bool beyondLimit) {
+std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count, uint32_t slot,
+                                                       bool beyondLimit) {
     return staging_->acquire(
-        count, [this](const Fence &fence) { return fenceSettled(fence); }, beyondLimit);
+        count, slot, [this](const Fence &fence) { return fenceSettled(fence); }, beyondLimit);
 }
 
 void ComputeServer::throttle(uint32_t slot) {

@@ -134,7 +134,7 @@ private:
     bool fenceSettled(const Fence &fence);
     /// Up to `count` staging blocks ready for the host (never waits for other streams); one
     /// beyond the device's bound when none is free and `beyondLimit`.
-    std::vector<StagingLease> stagingBlocks(size_t count, bool beyondLimit);
+    std::vector<StagingLease> stagingBlocks(size_t count, uint32_t slot, bool beyondLimit);
 
     // memory (compute_server.cpp)
     std::shared_ptr<Slice> allocate(uint32_t slot, uint64_t size);

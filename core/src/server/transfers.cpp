@@ -59,7 +59,7 @@ void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &sli
                                 uint64_t offset, const std::byte *src, uint64_t size) {
     const uint64_t chunk = staging_->blockBytes();
     const uint64_t count = (size + chunk - 1) / chunk;
-    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), true);
+    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), slot, true);
     if (leases.empty()) {
         writeDirect(slot, slice, offset, src, size);
         return;
@@ -91,7 +91,7 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
                                uint64_t size, std::byte *out) {
     const uint64_t chunk = staging_->blockBytes();
     const uint64_t count = (size + chunk - 1) / chunk;
-    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), true);
+    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), slot, true);
     if (leases.empty()) {
         readDirect(slot, slice, offset, size, out);
         return;
@@ -108,6 +108,8 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
     };
     for (uint64_t i = 0; i < count; ++i) {
         if (i >= depth) drain(i - depth); // chunk i-1 is in flight while chunk i-2 is copied out
+        // A block still pending from this stream's earlier work needs no host wait: the copy
+        // into it is ordered after that work, and the new fence covers both.
         StagingLease &lease = leases[i % depth];
         const uint64_t at = i * chunk;
         const uint64_t n = std::min(chunk, size - at);
@@ -202,10 +204,12 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
         return ReadFuture([out] { return std::move(*out); });
     }
     const std::weak_ptr<ComputeServer> self = weak_from_this();
-    std::vector<StagingLease> leases = stagingBlocks(1, false);
+    std::vector<StagingLease> leases = stagingBlocks(1, slot, false);
     if (!leases.empty()) {
         // The copy lands in a staging block the future owns. Dropping the future returns the
         // block with the copy's fence, so nothing reuses or frees it before the copy is done.
+        // A block still pending here was last used by this stream: the copy below is ordered
+        // after that use on the device, and its fence covers both.
         auto lease = std::make_shared<StagingLease>(std::move(leases.front()));
         Fence fence;
         {
