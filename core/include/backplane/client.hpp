@@ -180,7 +180,8 @@ public:
         std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
         return out;
     }
-    /// Device-side copy of `size` bytes.
+    /// Device-side copy of `size` bytes. `src` and `dst` may be the same buffer when the ranges
+    /// do not overlap (overlapping ranges: Error(InvalidArgument)).
     void copy(const Buffer &src, uint64_t srcOffset, const Buffer &dst, uint64_t dstOffset,
               uint64_t size);
     /// Fills `size` bytes from `offset` (multiples of 4) with a 4-byte pattern.

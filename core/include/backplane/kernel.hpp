@@ -71,7 +71,8 @@ struct Dispatch {
     /// Workgroups per dimension (ignored when gridBuffer is set).
     std::array<uint32_t, 3> grid{1, 1, 1};
     /// Optional indirect grid: three uint32 read at execution time from gridBuffer + gridOffset
-    /// (needs BP_CAPABILITY_INDIRECT_DISPATCH).
+    /// (needs BP_CAPABILITY_INDIRECT_DISPATCH; gridOffset a multiple of 4 with the 12 bytes
+    /// inside gridBuffer, else Error(InvalidArgument)).
     Buffer gridBuffer;
     uint64_t gridOffset = 0;
     /// Threads per workgroup.
