@@ -39,10 +39,8 @@ using conformance::saxpyHost;
 /// Set by tests: the gated copy kernel spins until it is true.
 inline std::atomic<bool> gateOpen{true};
 
-/// dst[i] = src[i] after the gate opens; bindings src, dst; scalars {uint32 n}.
-inline void gatedCopyHost(const bp_host_kernel_context *c) {
-    while (!gateOpen.load()) {
-    }
+/// One workgroup of dst[i] = src[i]; bindings src, dst; scalars {uint32 n}.
+inline void copyWords(const bp_host_kernel_context *c) {
     const uint32_t n = *static_cast<const uint32_t *>(c->scalars);
     const auto *src = static_cast<const uint32_t *>(c->buffers[0]);
     auto *dst = static_cast<uint32_t *>(c->buffers[1]);
@@ -50,6 +48,13 @@ inline void gatedCopyHost(const bp_host_kernel_context *c) {
         const uint32_t i = c->workgroup[0] * c->block[0] + t;
         if (i < n) dst[i] = src[i];
     }
+}
+
+/// copyWords after the gate opens.
+inline void gatedCopyHost(const bp_host_kernel_context *c) {
+    while (!gateOpen.load()) {
+    }
+    copyWords(c);
 }
 
 inline backplane::KernelSource saxpyKernel() {
@@ -101,13 +106,7 @@ template <int N> void gateCopyHost(const bp_host_kernel_context *c) {
     while (!gate.open.load())
         std::this_thread::yield();
     if (gate.skip.load()) return;
-    const uint32_t n = *static_cast<const uint32_t *>(c->scalars);
-    const auto *src = static_cast<const uint32_t *>(c->buffers[0]);
-    auto *dst = static_cast<uint32_t *>(c->buffers[1]);
-    for (uint32_t t = 0; t < c->block[0]; ++t) {
-        const uint32_t i = c->workgroup[0] * c->block[0] + t;
-        if (i < n) dst[i] = src[i];
-    }
+    copyWords(c);
 }
 
 /// Gate N, closed for the object's lifetime unless opened; the destructor abandons it if it is

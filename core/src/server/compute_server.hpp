@@ -163,10 +163,9 @@ private:
                      const std::byte *src, uint64_t size);
     void readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
                     uint64_t size, std::byte *out);
-    void writeDirect(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
-                     const void *src, uint64_t size);
-    void readDirect(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
-                    uint64_t size, void *out);
+    /// The last resort without pinned memory: a copy from or into the caller's memory, waited.
+    void copyUnstaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                      uint64_t size, void *host, bool toDevice);
 
     std::shared_ptr<Driver> driver_;
     Config config_;

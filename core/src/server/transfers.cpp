@@ -23,32 +23,20 @@ void checkTransferRange(const Slice &slice, uint64_t offset, uint64_t size, cons
 
 // ----- pageable memory through staging ----------------------------------------------------------
 
-void ComputeServer::writeDirect(uint32_t slot, const std::shared_ptr<Slice> &slice,
-                                uint64_t offset, const void *src, uint64_t size) {
-    // No staging block: the plugin copies from the caller's memory, which must stay valid until
-    // the copy completed, so this waits.
+void ComputeServer::copyUnstaged(uint32_t slot, const std::shared_ptr<Slice> &slice,
+                                 uint64_t offset, uint64_t size, void *host, bool toDevice) {
+    // No pinned memory at all: the plugin copies from or into the caller's memory, which must
+    // stay valid until the copy completed, so this waits.
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
     Fence fence;
     {
         std::lock_guard lock(mutex_);
         submit(slot, slices, [&](bp_stream *s) {
-            driver->copyHostToDevice(s, src, slice->memory, slice->offset + offset, size);
-        });
-        fence = fenceLocked(slot);
-    }
-    waitFence(fence);
-}
-
-void ComputeServer::readDirect(uint32_t slot, const std::shared_ptr<Slice> &slice,
-                               uint64_t offset, uint64_t size, void *out) {
-    const SlicePtr slices[] = {&slice};
-    Driver *driver = driver_.get();
-    Fence fence;
-    {
-        std::lock_guard lock(mutex_);
-        submit(slot, slices, [&](bp_stream *s) {
-            driver->copyDeviceToHost(s, slice->memory, slice->offset + offset, out, size);
+            if (toDevice)
+                driver->copyHostToDevice(s, host, slice->memory, slice->offset + offset, size);
+            else
+                driver->copyDeviceToHost(s, slice->memory, slice->offset + offset, host, size);
         });
         fence = fenceLocked(slot);
     }
@@ -61,7 +49,7 @@ void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &sli
     const uint64_t count = (size + chunk - 1) / chunk;
     std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), slot, true);
     if (leases.empty()) {
-        writeDirect(slot, slice, offset, src, size);
+        copyUnstaged(slot, slice, offset, size, const_cast<std::byte *>(src), true);
         return;
     }
     const SlicePtr slices[] = {&slice};
@@ -93,7 +81,7 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
     const uint64_t count = (size + chunk - 1) / chunk;
     std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), slot, true);
     if (leases.empty()) {
-        readDirect(slot, slice, offset, size, out);
+        copyUnstaged(slot, slice, offset, size, out, false);
         return;
     }
     const SlicePtr slices[] = {&slice};
