@@ -39,20 +39,40 @@ std::vector<StagingLease> StagingPool::acquire(size_t count, uint32_t slot,
                                                const SettledFn &settled, bool beyondLimit) {
     const uint64_t limitBlocks = std::max<uint64_t>(1, limitBytes_ / blockBytes_);
     std::vector<StagingLease> leases;
-    std::vector<std::shared_ptr<StagingBlock>> surplus; // freed below, outside the lock
+    std::vector<std::shared_ptr<StagingBlock>> surplus; // freed on return, outside the lock
     uint64_t fresh = 0;
     {
         std::lock_guard lock(state_->mutex);
         auto &idle = state_->idle;
-        for (auto it = idle.begin(); it != idle.end();) {
-            const Fence &fence = (*it)->ready;
-            const bool ready = !fence || settled(fence);
-            if ((ready || fence.slot == slot) && leases.size() < count) {
-                if (ready) (*it)->ready = {};
-                leases.emplace_back(std::move(*it), state_);
-                it = idle.erase(it);
-            } else if (ready && state_->blocks > limitBlocks) {
-                // A block taken beyond the limit earlier, idle again: give it back.
+        // Takes idle blocks matching `pick`, oldest first, until `count` are found or promised.
+        const auto take = [&](auto pick) {
+            for (auto it = idle.begin(); it != idle.end() && leases.size() + fresh < count;) {
+                if (pick(**it)) {
+                    leases.emplace_back(std::move(*it), state_);
+                    it = idle.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        };
+        const auto settledNow = [&](StagingBlock &b, bool query) {
+            if (b.ready && !settled(b.ready, query)) return false;
+            b.ready = {};
+            return true;
+        };
+        // 1. Blocks whose last use is known complete. 2. New blocks while under the limit.
+        // 3. Blocks this stream used last: the caller's copy is ordered after that use anyway.
+        // 4. Other streams' blocks that a query finds complete. 5. One block beyond the limit.
+        take([&](StagingBlock &b) { return settledNow(b, false); });
+        const uint64_t room = limitBlocks > state_->blocks ? limitBlocks - state_->blocks : 0;
+        fresh = std::min<uint64_t>(room, count - leases.size());
+        take([&](StagingBlock &b) { return b.ready.slot == slot; });
+        take([&](StagingBlock &b) { return settledNow(b, true); });
+        if (leases.empty() && fresh == 0 && beyondLimit) fresh = 1;
+        state_->blocks += fresh;
+        // Blocks taken beyond the limit earlier go back once idle and complete.
+        for (auto it = idle.begin(); it != idle.end() && state_->blocks > limitBlocks;) {
+            if (settledNow(**it, false)) {
                 surplus.push_back(std::move(*it));
                 it = idle.erase(it);
                 --state_->blocks;
@@ -60,12 +80,6 @@ std::vector<StagingLease> StagingPool::acquire(size_t count, uint32_t slot,
                 ++it;
             }
         }
-        if (leases.size() == count) return leases;
-        // Count the new blocks first, so concurrent callers cannot overshoot the limit.
-        const uint64_t room = limitBlocks > state_->blocks ? limitBlocks - state_->blocks : 0;
-        fresh = std::min<uint64_t>(room, count - leases.size());
-        if (leases.empty() && fresh == 0 && beyondLimit) fresh = 1; // see acquire()'s comment
-        state_->blocks += fresh;
     }
     for (uint64_t made = 0; made < fresh; ++made) {
         try {
@@ -96,7 +110,7 @@ std::vector<std::shared_ptr<StagingBlock>> StagingPool::takeIdle(const SettledFn
     std::lock_guard lock(state_->mutex);
     auto &idle = state_->idle;
     for (auto it = idle.begin(); it != idle.end();) {
-        if (!(*it)->ready || settled((*it)->ready)) {
+        if (!(*it)->ready || settled((*it)->ready, true)) {
             taken.push_back(std::move(*it));
             it = idle.erase(it);
         } else {

@@ -77,15 +77,16 @@ public:
 
     uint64_t blockBytes() const noexcept { return blockBytes_; }
     uint64_t limitBytes() const noexcept { return limitBytes_; }
-    /// Answers, without blocking, whether a fence completed.
-    using SettledFn = std::function<bool(const Fence &)>;
-    /// Up to `count` blocks ready for the host: idle ones whose last use completed (per
-    /// `settled`; blocks still in use by another stream's work are skipped, so a caller never
-    /// waits for someone else's stream), then new ones while under the limit. When that gives
-    /// none and `beyondLimit`, one block beyond the limit (so a transfer never has to copy
-    /// unstaged while blocks are held by unwaited reads); such blocks are freed once idle again.
-    /// Blocks whose last use was on `slot` itself are taken too (the caller's wait on their
-    /// fence is one it would have paid anyway: that work precedes its own on the stream).
+    /// Answers, without blocking, whether a fence completed: from what is known only, or also
+    /// by asking the plugin (`query`).
+    using SettledFn = std::function<bool(const Fence &, bool query)>;
+    /// Up to `count` blocks, in this order: idle ones whose last use is known complete, new ones
+    /// while under the limit, idle ones last used by `slot` itself (the caller waits for their
+    /// fence before the host touches them: that work precedes its own on the stream anyway),
+    /// other idle ones a query finds complete. Blocks still in use by another stream's work are
+    /// never taken, so a caller never waits for someone else's stream. When that gives none and
+    /// `beyondLimit`, one block beyond the limit (so a transfer never has to copy unstaged while
+    /// blocks are held by unwaited reads); such blocks are freed once idle again.
     std::vector<StagingLease> acquire(size_t count, uint32_t slot, const SettledFn &settled,
                                       bool beyondLimit);
     /// Pinned bytes held (idle and leased).

@@ -137,8 +137,9 @@ void ComputeServer::waitFence(const std::weak_ptr<ComputeServer> &server, const 
     if (fence) fence.event->wait();
 }
 
-bool ComputeServer::fenceSettled(const Fence &fence) {
+bool ComputeServer::fenceSettled(const Fence &fence, bool query) {
     if (tracker_.isComplete({fence.slot, fence.cursor})) return true;
+    if (!query) return false;
     try {
         if (!fence.event->query()) return false;
     } catch (const std::exception &e) {
@@ -152,7 +153,8 @@ bool ComputeServer::fenceSettled(const Fence &fence) {
 std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count, uint32_t slot,
                                                        bool beyondLimit) {
     return staging_->acquire(
-        count, slot, [this](const Fence &fence) { return fenceSettled(fence); }, beyondLimit);
+        count, slot, [this](const Fence &fence, bool query) { return fenceSettled(fence, query); },
+        beyondLimit);
 }
 
 void ComputeServer::throttle(uint32_t slot) {
@@ -195,7 +197,8 @@ void ComputeServer::releaseEverythingIdle() {
         std::lock_guard lock(mutex_);
         drainFreesLocked();
         releaseIdleLocked(true, pages);
-        blocks = staging_->takeIdle([this](const Fence &fence) { return fenceSettled(fence); });
+        blocks = staging_->takeIdle(
+            [this](const Fence &fence, bool query) { return fenceSettled(fence, query); });
     }
     // `blocks` and `pages` go back to the plugin here, with no lock held.
 }

@@ -130,8 +130,8 @@ private:
     void checkAlive() const;
     void markLost(const std::string &why);
     void waitFence(const Fence &fence);
-    /// Whether `fence` completed, without blocking (the tracker, else a query).
-    bool fenceSettled(const Fence &fence);
+    /// Whether `fence` completed, without blocking: the tracker, else (when `query`) the plugin.
+    bool fenceSettled(const Fence &fence, bool query = true);
     /// Up to `count` staging blocks ready for the host (never waits for other streams); one
     /// beyond the device's bound when none is free and `beyondLimit`.
     std::vector<StagingLease> stagingBlocks(size_t count, uint32_t slot, bool beyondLimit);
