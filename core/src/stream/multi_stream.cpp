@@ -48,7 +48,7 @@ void GcThread::throttle(uint32_t slot) {
 }
 
 bool GcThread::handledBefore(uint64_t ticket) const {
-    if (busyTicket_ != 0 && busyTicket_ < ticket) return false;
+    if (workingMin_ != 0 && workingMin_ < ticket) return false;
     for (const Task &t : tasks_)
         if (t.ticket < ticket) return false;
     return true;
@@ -67,73 +67,72 @@ uint64_t GcThread::released() const {
 
 size_t GcThread::queued() const {
     std::lock_guard lock(mutex_);
-    return tasks_.size();
-}
-
-std::deque<GcThread::Task>::iterator GcThread::findSettled(bool &failed, std::string &why) {
-    for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
-        try {
-            if (it->fence.event->query()) return it;
-        } catch (const std::exception &e) {
-            failed = true;
-            why = e.what();
-            return it;
-        }
-    }
-    return tasks_.end();
-}
-
-void GcThread::finish(Task task, bool failed, const std::string &why,
-                      std::unique_lock<std::mutex> &lock) {
-    perSlot_[task.fence.slot % slots_].fetch_sub(1, std::memory_order_relaxed);
-    busyTicket_ = task.ticket;
-    lock.unlock();
-    const size_t count = task.holds.size();
-    if (failed) {
-        // The work may still be running or in an unknown state: the memory it used must not be
-        // reused. Report it (the device is marked lost) and keep the holds.
-        log::write(log::Subsystem::Streams, log::Level::Error,
-                   "a stream's work failed; its memory is kept: " + why);
-        if (onFailure_) onFailure_(why);
-    } else {
-        tracker_.complete(task.fence.slot, task.fence.cursor);
-        task = {}; // drops the holds and the event outside the lock
-    }
-    lock.lock();
-    if (failed) {
-        for (Hold &h : task.holds) quarantined_.push_back(std::move(h));
-    } else {
-        released_ += count;
-    }
-    busyTicket_ = 0;
-    progress_.notify_all();
+    return tasks_.size() + working_;
 }
 
 void GcThread::run() {
+    // The thread's own list: tasks move here under the lock and are queried, waited for and
+    // released without it, so registering (under the engine lock) never waits for a query.
+    std::deque<Task> mine;
     std::unique_lock lock(mutex_);
     for (;;) {
-        wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-        if (tasks_.empty()) break; // stop_ and nothing left: every hold was honoured
-        bool failed = false;
-        std::string why;
-        auto settled = findSettled(failed, why);
-        if (settled != tasks_.end()) {
-            Task task = std::move(*settled);
-            tasks_.erase(settled);
-            finish(std::move(task), failed, why, lock);
-            continue;
-        }
-        // Nothing complete: wait a little on the oldest, outside the lock, then look again.
-        EventPtr oldest = tasks_.front().fence.event;
+        if (mine.empty()) wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        for (Task &t : tasks_) mine.push_back(std::move(t));
+        tasks_.clear();
+        if (mine.empty()) break; // stop_ and nothing left: every hold was honoured
+        working_ = mine.size();
+        workingMin_ = mine.front().ticket;
         lock.unlock();
-        try {
-            oldest->waitFor(kGcSliceNs);
-        } catch (const std::exception &) {
-            // reported by the next query
+
+        std::vector<Task> done;
+        std::vector<std::pair<Task, std::string>> failed;
+        for (auto it = mine.begin(); it != mine.end();) {
+            try {
+                if (!it->fence.event->query()) {
+                    ++it;
+                    continue;
+                }
+                tracker_.complete(it->fence.slot, it->fence.cursor);
+                done.push_back(std::move(*it));
+            } catch (const std::exception &e) {
+                failed.emplace_back(std::move(*it), e.what());
+            }
+            it = mine.erase(it);
         }
-        oldest.reset();
+        for (auto &[task, why] : failed) {
+            // The work may still be running or in an unknown state: the memory it used must not
+            // be reused. Report it (the device is marked lost) and keep the holds.
+            log::write(log::Subsystem::Streams, log::Level::Error,
+                       "a stream's work failed; its memory is kept: " + why);
+            if (onFailure_) onFailure_(why);
+        }
+        size_t releasedHolds = 0;
+        for (Task &task : done) {
+            releasedHolds += task.holds.size();
+            perSlot_[task.fence.slot % slots_].fetch_sub(1, std::memory_order_relaxed);
+        }
+        done.clear(); // drops the holds and the events outside the lock
+        if (releasedHolds == 0 && failed.empty() && !mine.empty()) {
+            // Nothing complete: wait a little on the oldest, then look at all of them again.
+            try {
+                mine.front().fence.event->waitFor(kGcSliceNs);
+            } catch (const std::exception &) {
+                // reported by the next query
+            }
+        }
+
         lock.lock();
+        released_ += releasedHolds;
+        for (auto &[task, why] : failed) {
+            perSlot_[task.fence.slot % slots_].fetch_sub(1, std::memory_order_relaxed);
+            for (Hold &h : task.holds) quarantined_.push_back(std::move(h));
+        }
+        working_ = mine.size();
+        workingMin_ = mine.empty() ? 0 : mine.front().ticket;
+        progress_.notify_all();
     }
+    working_ = 0;
+    workingMin_ = 0;
     progress_.notify_all();
 }
 

@@ -117,9 +117,6 @@ private:
         std::vector<Hold> holds;
     };
     void run();
-    /// Takes a task whose fence completed or failed (query, never blocks); tasks_.end() if none.
-    std::deque<Task>::iterator findSettled(bool &failed, std::string &why);
-    void finish(Task task, bool failed, const std::string &why, std::unique_lock<std::mutex> &lock);
     bool handledBefore(uint64_t ticket) const;
 
     uint32_t slots_;
@@ -131,7 +128,8 @@ private:
     std::deque<Task> tasks_;
     std::unique_ptr<std::atomic<uint32_t>[]> perSlot_; ///< queued tasks per slot (throttle)
     uint64_t nextTicket_ = 1;
-    uint64_t busyTicket_ = 0; ///< the task being finished outside the lock (0: none)
+    size_t working_ = 0;      ///< tasks the thread took into its own list
+    uint64_t workingMin_ = 0; ///< the oldest ticket among them (0: none)
     std::vector<Hold> quarantined_; ///< holds of failed fences: kept until the thread stops
     bool stop_ = false;
     uint64_t released_ = 0;
