@@ -112,7 +112,8 @@ void ComputeServer::checkAlive() const {
     std::lock_guard lock(lostMutex_);
     throw Error(ErrorCode::DeviceLost,
                 info().id() + " is lost (" + lostReason_ +
-                    "); close every client of it and open the device again",
+                    "); close every client of it, and let its ReadFutures and PinnedBuffers go "
+                    "(they keep the device open), then open it again",
                 info().backend);
 }
 
