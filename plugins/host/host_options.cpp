@@ -35,10 +35,10 @@ HostOptions parseHostOptions(std::string_view json) {
     nlohmann::json root;
     try {
         root = nlohmann::json::parse(json.empty() ? std::string_view("{}") : json);
-    } catch (const nlohmann::json::parse_error &e) {
+    } catch (const nlohmann::json::exception &e) { // parse_error, out_of_range (1e999)...
         invalid(std::string("not valid JSON: ") + e.what());
     }
-    if (!root.is_object()) invalid("expected a JSON object, got " + root.dump());
+    if (!root.is_object()) invalid(std::string("expected a JSON object, got ") + root.type_name());
 
     HostOptions options;
     for (const auto &[key, value] : root.items()) {

@@ -188,12 +188,49 @@ TEST_CASE("rejects unknown keys and lists the known ones") {
 }
 
 TEST_CASE("rejects malformed JSON and malformed device selectors") {
-    CHECK(configError(R"({"devices": )").find("not valid JSON") == 0);
+    CHECK(configError(R"({"devices": )").find("/devices: not valid JSON") == 0);
     CHECK(configError(R"({"devices": {"prefer": ["cuda:"]}})").find(
               "/devices/prefer/0: invalid device selector 'cuda:'") == 0);
     CHECK(configError(R"({"devices": {"prefer": ["*:tpu"]}})").find("/devices/prefer/0") == 0);
     CHECK(configError(R"({"devices": {"prefer": ["vulkan:xyz"]}})").find(
               "neither a device index nor a UUID") != std::string::npos);
+}
+
+TEST_CASE("hostile JSON is a config error naming the file and pointer, never an escape") {
+    // nlohmann throws out_of_range (not parse_error) for a number no double holds.
+    CHECK(configError(R"({"memory": {"max_page_bytes": 1e999}})") ==
+          "/memory/max_page_bytes: number overflow parsing '1e999' (line 1, column 31)");
+    CHECK(configError(R"({"devices": {"prefer": ["a", -1e999]}})")
+              .find("/devices/prefer/1: number overflow parsing '-1e999'") == 0);
+    CHECK(configError(std::string("{\"log\": \"\xff\"}")).find("/log: not valid JSON: syntax error") == 0);
+
+    // Deep nesting is refused before parsing, with the pointer of the level that went too deep.
+    std::string deep = R"({"plugins": {"options": {"host": )";
+    for (int i = 0; i < 100000; ++i) deep += "[";
+    const std::string message = configError(deep);
+    CHECK(message.find("/plugins/options/host/0/0/") == 0);
+    CHECK(message.find("nesting deeper than 64 levels") != std::string::npos);
+
+    // Size is checked before reading.
+    const std::string big = "{\"log\": \"" + std::string(2u << 20, 'a') + "\"}";
+    CHECK(configError(big).find("bytes, more than the 1,048,576 bytes accepted here") !=
+          std::string::npos);
+
+    // Not a regular file: refused without blocking on it.
+    TempDir dir;
+    CHECK_THROWS_WITH_AS(readConfigFile(dir.path), doctest::Contains("not a regular file"), Error);
+}
+
+TEST_CASE("plugins.probe and plugins.probe_timeout_ms are read and checked") {
+    TempDir dir;
+    const auto config = readConfigFile(dir.write(
+        "backplane.json", R"({"plugins": {"probe": "in_process", "probe_timeout_ms": 2500}})"));
+    CHECK(std::string(toString(config.probeMode)) == "in_process");
+    CHECK(config.probeTimeoutMs == 2500);
+    CHECK(configError(R"({"plugins": {"probe": "forked"}})") ==
+          "/plugins/probe: unknown probe mode 'forked' (use isolated or in_process)");
+    CHECK(configError(R"({"plugins": {"probe_timeout_ms": 5}})") ==
+          "/plugins/probe_timeout_ms: expected an integer in [100, 600000], got 5");
 }
 
 TEST_CASE("a missing file is a config error naming it") {

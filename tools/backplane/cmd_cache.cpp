@@ -34,7 +34,7 @@ std::optional<CacheKind> parseKind(const std::string &text) {
 
 int usage() {
     std::fprintf(stderr, "usage: backplane cache [info] [--dir DIR] [--json]\n"
-                         "       backplane cache clear [kernels|tune|pipelines] [--dir DIR]\n");
+                         "       backplane cache clear [kernels|tune|pipelines|probes] [--dir DIR]\n");
     return 2;
 }
 

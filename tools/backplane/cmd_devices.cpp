@@ -51,12 +51,12 @@ void printReport(const Runtime &runtime) {
         std::printf("  no plugin manifest found; set BACKPLANE_PLUGIN_PATH or plugins.paths\n");
     } else {
         std::vector<std::vector<std::string>> rows = {
-            {"NAME", "STATE", "DEVICES", "VERSION", "ABI", "MANIFEST"}};
+            {"NAME", "STATE", "DEVICES", "VERSION", "ABI", "PROBE", "MANIFEST"}};
         for (const auto &p : runtime.plugins())
             rows.push_back({p.name.empty() ? "?" : p.name, toString(p.state),
                             std::to_string(p.deviceCount), p.version.empty() ? "-" : p.version,
                             std::to_string(p.abiMajor) + "." + std::to_string(p.abiMinor),
-                            p.manifest.string()});
+                            p.probe.empty() ? "-" : p.probe, p.manifest.string()});
         printTable(rows);
         bool header = false;
         for (const auto &p : runtime.plugins()) {

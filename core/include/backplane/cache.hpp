@@ -19,11 +19,12 @@ namespace backplane {
 
 /// The parts of the cache directory. Each kind is one subdirectory: kernels/ (compiled kernel
 /// blobs, `<hash>.bin`), tune/ (autotune results, `<hash>.json`), pipelines/ (plugin-owned
-/// pipeline caches, e.g. Vulkan's; the store only reports and clears it).
-enum class CacheKind { Kernels, Tune, Pipelines };
-inline constexpr int kCacheKindCount = 3;
+/// pipeline caches, e.g. Vulkan's; the store only reports and clears it), probes/ (what each
+/// plugin library's isolated probe answered, `<hash>.json`; docs/plugin-abi.md).
+enum class CacheKind { Kernels, Tune, Pipelines, Probes };
+inline constexpr int kCacheKindCount = 4;
 
-/// Stable lower-case name: "kernels", "tune", "pipelines" (also the subdirectory name).
+/// Stable lower-case name: "kernels", "tune", "pipelines", "probes" (also the subdirectory name).
 const char *toString(CacheKind kind) noexcept;
 
 /// The cache directory in effect for `config`, first match wins: config.cacheDir,
@@ -81,7 +82,9 @@ public:
     /// The payload stored under `key`, or nothing (missing, corrupt, other version).
     std::optional<std::vector<unsigned char>> load(CacheKind kind, std::string_view key) const;
     /// Publishes `payload` under `key`, replacing any older entry. Returns false when it could
-    /// only be kept in memory (the reason was logged once). Never throws for I/O problems.
+    /// only be kept in memory (the reason was logged once). A directory that vanished (a
+    /// concurrent clear()) is created again; it never degrades the store. Never throws for I/O
+    /// problems.
     bool store(CacheKind kind, std::string_view key, std::span<const unsigned char> payload);
     bool store(CacheKind kind, std::string_view key, std::string_view payload);
     /// Removes the entry under `key` (disk and memory). Missing entries are fine.
@@ -93,7 +96,9 @@ public:
     /// Files and bytes per kind on disk (temporary files included).
     std::vector<CacheUsage> usage() const;
     /// Deletes every file of `kind` (and the memory entries). Returns the number of files
-    /// removed. Throws Error(Internal) naming the path when a file cannot be removed.
+    /// removed. Safe against concurrent writers and clears: a file that vanished meanwhile is not
+    /// an error, and an entry stored while the clear runs may stay. Throws Error(Internal) naming
+    /// the path when a file cannot be removed (permission, I/O).
     uint64_t clear(CacheKind kind);
 
     /// The file an entry lives in (whether or not it exists); "" when memory only.

@@ -13,13 +13,22 @@ namespace backplane {
 /// How streams without native async support are scheduled (SchedulerMultiStream).
 enum class SchedulerMode { Interleave, Sequential };
 
+/// How plugins are probed the first time they are seen (docs/plugin-abi.md, "Isolated probing").
+/// `Isolated` runs each probe in the backplane-probe helper process with a timeout, so a plugin
+/// that crashes, aborts or hangs while probing cannot take the host down; `InProcess` probes in
+/// this process (for sandboxes that forbid child processes).
+enum class ProbeMode { Isolated, InProcess };
+
+/// Stable name: "isolated", "in_process".
+const char *toString(ProbeMode mode) noexcept;
+
 /// Autotune effort. `Off` uses the first valid candidate (or a cached winner) without benchmarking.
 enum class TuneLevel { Off, Minimal, Balanced, Extensive, Full };
 
 /// The whole configuration. Defaults are what a missing key means; docs/config.md lists every
 /// key with its JSON path, type and default. Values come, lowest precedence first, from the
 /// defaults, the config file, then environment variables (BACKPLANE_DEVICE, BACKPLANE_PLUGIN_PATH,
-/// BACKPLANE_CACHE_DIR, BACKPLANE_AUTOTUNE, BACKPLANE_LOG, BACKPLANE_MAX_STREAMS).
+/// BACKPLANE_CACHE_DIR, BACKPLANE_AUTOTUNE, BACKPLANE_LOG, BACKPLANE_MAX_STREAMS, BACKPLANE_PROBE).
 struct Config {
     /// Where the file came from ("" when defaults only); errors and reports name it.
     std::filesystem::path source;
@@ -47,6 +56,13 @@ struct Config {
     std::vector<std::string> pluginDisable;
     /// plugins.options.<name>: JSON text handed to that plugin's init.
     std::map<std::string, std::string> pluginOptions;
+    /// plugins.probe (also BACKPLANE_PROBE=isolated|in_process): where a plugin whose probe
+    /// result is not cached yet is probed. The answer is cached in <cache dir>/probes, keyed by
+    /// the library file's identity and its options, so later starts run no helper.
+    ProbeMode probeMode = ProbeMode::Isolated;
+    /// plugins.probe_timeout_ms: how long an isolated probe may take before it is killed and the
+    /// plugin is reported probe_timeout.
+    uint32_t probeTimeoutMs = 10000;
 
     // "streams" -------------------------------------------------------------------------------
     /// streams.max_streams: backend streams per device; stream id -> slot id % max_streams.

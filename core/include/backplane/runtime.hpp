@@ -28,6 +28,10 @@ enum class PluginState {
     InitFailed,        ///< plugin_init returned an error
     ProbeFailed,       ///< probe (or device_info) failed: typically the vendor driver is missing
     NoDevice,          ///< the plugin works but sees no device
+    ProbeCrashed,      ///< the isolated probe process died (signal, exit) while loading, initialising
+                       ///< or probing the plugin; reason names the signal and the stage. Not loaded
+    ProbeTimeout,      ///< the isolated probe gave no answer within plugins.probe_timeout_ms and
+                       ///< was killed; not loaded
 };
 
 /// Stable snake_case name of a state ("library_load_failed"), as in `backplane devices --json`.
@@ -47,6 +51,11 @@ struct PluginReport {
     uint32_t abiMinor = 0;
     std::string driverVersion; ///< from the probe, "" if unknown
     uint32_t deviceCount = 0;  ///< devices the probe reported
+    /// How the probe result was obtained: "isolated" (a backplane-probe child ran this time),
+    /// "cached" (a record from an earlier run; no child), "in_process" (plugins.probe is
+    /// in_process, or no backplane-probe was found), "" (never probed: filtered, shadowed, bad
+    /// manifest, library rejected before loading).
+    std::string probe;
 };
 
 /// One physical device, possibly reached through several plugins ("routes"): the same GPU seen

@@ -27,8 +27,8 @@ constexpr uint32_t kFormatVersion = 1;
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 8 + 8;
 constexpr const char *kTempPrefix = ".tmp-";
 
-constexpr const char *kKindNames[kCacheKindCount] = {"kernels", "tune", "pipelines"};
-constexpr const char *kKindExtensions[kCacheKindCount] = {".bin", ".json", ""};
+constexpr const char *kKindNames[kCacheKindCount] = {"kernels", "tune", "pipelines", "probes"};
+constexpr const char *kKindExtensions[kCacheKindCount] = {".bin", ".json", "", ".json"};
 
 void putU32(std::vector<unsigned char> &out, uint32_t v) {
     for (int i = 0; i < 4; ++i) out.push_back(static_cast<unsigned char>(v >> (8 * i)));

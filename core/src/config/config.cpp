@@ -4,6 +4,8 @@
 #include <backplane/error.hpp>
 #include <backplane/log.hpp>
 
+#include "config/config_text.hpp"
+#include "input/json_input.hpp"
 #include "runtime/device_selector.hpp"
 
 #include <nlohmann/json.hpp>
@@ -27,6 +29,12 @@ constexpr std::array<const char *, 5> kTuneLevelNames = {"off", "minimal", "bala
 std::optional<TuneLevel> parseTuneLevel(const std::string &text) {
     for (size_t i = 0; i < kTuneLevelNames.size(); ++i)
         if (text == kTuneLevelNames[i]) return static_cast<TuneLevel>(i);
+    return std::nullopt;
+}
+
+std::optional<ProbeMode> parseProbeMode(const std::string &text) {
+    if (text == "isolated") return ProbeMode::Isolated;
+    if (text == "in_process") return ProbeMode::InProcess;
     return std::nullopt;
 }
 
@@ -79,7 +87,7 @@ public:
             if (found) continue;
             std::string list;
             for (const char *k : known) list += std::string(list.empty() ? "" : ", ") + k;
-            fail(pointer + "/" + key, "unknown key '" + key + "' (known keys here: " + list + ")");
+            fail(pointer + "/" + detail::pointerToken(key), "unknown key '" + key + "' (known keys here: " + list + ")");
         }
     }
 
@@ -201,7 +209,19 @@ private:
     }
 
     void readPlugins(const Json &p, Config &c) const {
-        checkKeys(p, "/plugins", {"paths", "enable", "disable", "options"});
+        checkKeys(p, "/plugins",
+                  {"paths", "enable", "disable", "options", "probe", "probe_timeout_ms"});
+        if (p.contains("probe")) {
+            const std::string text = string(p["probe"], "/plugins/probe");
+            const auto mode = parseProbeMode(text);
+            if (!mode)
+                fail("/plugins/probe", "unknown probe mode '" + text +
+                                           "' (use isolated or in_process)");
+            c.probeMode = *mode;
+        }
+        if (p.contains("probe_timeout_ms"))
+            c.probeTimeoutMs = static_cast<uint32_t>(
+                unsignedInt(p["probe_timeout_ms"], "/plugins/probe_timeout_ms", 100, 600000));
         if (p.contains("paths")) {
             const Json &paths = p["paths"];
             if (!paths.is_array()) wrongType(paths, "/plugins/paths", "an array of strings");
@@ -213,7 +233,8 @@ private:
         if (p.contains("options")) {
             const Json &options = object(p["options"], "/plugins/options");
             for (const auto &[name, value] : options.items())
-                c.pluginOptions[name] = object(value, "/plugins/options/" + name).dump();
+                c.pluginOptions[name] =
+                    detail::dumpJson(object(value, "/plugins/options/" + detail::pointerToken(name)));
         }
     }
 
@@ -263,23 +284,24 @@ const char *toString(SchedulerMode mode) noexcept {
     return mode == SchedulerMode::Sequential ? "sequential" : "interleave";
 }
 
+const char *toString(ProbeMode mode) noexcept {
+    return mode == ProbeMode::InProcess ? "in_process" : "isolated";
+}
+
 const char *toString(TuneLevel level) noexcept {
     return kTuneLevelNames[static_cast<size_t>(level)];
 }
 
+namespace detail {
+
+Config parseConfigText(std::string_view text, const fs::path &origin) {
+    return FileReader(origin).read(parseJson(text, origin.string(), kConfigJsonLimits));
+}
+
+} // namespace detail
+
 Config readConfigFile(const fs::path &file) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in)
-        throw Error(ErrorCode::Config, file.string() + ": cannot open the config file (" +
-                                           (fs::exists(file) ? "permission denied?" : "no such file") +
-                                           ")");
-    Json root;
-    try {
-        root = Json::parse(in, nullptr, true, /*ignore_comments=*/false);
-    } catch (const Json::parse_error &e) {
-        throw Error(ErrorCode::Config, file.string() + ": not valid JSON: " + e.what());
-    }
-    return FileReader(file).read(root);
+    return FileReader(file).read(detail::readJsonFile(file, detail::kConfigJsonLimits));
 }
 
 void applyEnvironment(Config &config) {
@@ -313,6 +335,13 @@ void applyEnvironment(Config &config) {
             throw Error(ErrorCode::Config, "BACKPLANE_MAX_STREAMS: expected an integer in [1, "
                                            "65536], got '" + *value + "'");
         config.maxStreams = static_cast<uint32_t>(n);
+    }
+    if (const auto value = environment("BACKPLANE_PROBE")) {
+        const auto mode = parseProbeMode(*value);
+        if (!mode)
+            throw Error(ErrorCode::Config, "BACKPLANE_PROBE: unknown probe mode '" + *value +
+                                               "' (use isolated or in_process)");
+        config.probeMode = *mode;
     }
     if (const auto value = environment("BACKPLANE_LOG")) {
         try {
@@ -354,7 +383,14 @@ std::string toJson(const Config &config, int indent) {
         return out;
     };
     Json options = Json::object();
-    for (const auto &[name, text] : config.pluginOptions) options[name] = Json::parse(text);
+    for (const auto &[name, text] : config.pluginOptions) {
+        try {
+            options[name] = detail::parseJson(text, "plugins.options." + name,
+                                              detail::kPluginOptionsJsonLimits);
+        } catch (const Error &e) { // set from code, not read from a file: show what it is
+            options[name] = {{"invalid", text.substr(0, 200)}, {"error", e.what()}};
+        }
+    }
     Json root = {
         {"source", config.source.empty() ? Json(nullptr) : Json(config.source.string())},
         {"devices",
@@ -366,7 +402,9 @@ std::string toJson(const Config &config, int indent) {
           {"path_override", paths(config.pluginPathOverride)},
           {"enable", config.pluginEnable},
           {"disable", config.pluginDisable},
-          {"options", options}}},
+          {"options", options},
+          {"probe", toString(config.probeMode)},
+          {"probe_timeout_ms", config.probeTimeoutMs}}},
         {"streams",
          {{"max_streams", config.maxStreams},
           {"scheduler", toString(config.schedulerMode)},
@@ -381,7 +419,7 @@ std::string toJson(const Config &config, int indent) {
         {"autotune", {{"level", toString(config.tuneLevel)}}},
         {"log", config.logSpec},
     };
-    return root.dump(indent);
+    return detail::dumpJson(root, indent);
 }
 
 } // namespace backplane

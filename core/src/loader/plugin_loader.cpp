@@ -1,8 +1,12 @@
 // Plugin discovery, filtering before dlopen, loading and probing; every candidate gets a report.
 #include "plugin_loader.hpp"
 
+#include "input/elf_check.hpp"
+#include "input/json_input.hpp"
 #include "loader/plugin_manifest.hpp"
-#include "plugin/device_info.hpp"
+#include "loader/plugin_probe.hpp"
+#include "loader/probe_cache.hpp"
+#include "loader/probe_process.hpp"
 #include "runtime/device_selector.hpp"
 
 #include <backplane/cache.hpp>
@@ -92,20 +96,21 @@ std::string pluginCacheDir(const Config &config, const std::string &name) {
     return dir.string();
 }
 
-PluginState stateOf(LoadFailure failure) {
-    switch (failure) {
-    case LoadFailure::LibraryLoad: return PluginState::LibraryLoadFailed;
-    case LoadFailure::EntryMissing: return PluginState::EntryMissing;
-    case LoadFailure::AbiMismatch: return PluginState::AbiMismatch;
-    case LoadFailure::InvalidTable: return PluginState::InvalidTable;
-    case LoadFailure::InitFailed: return PluginState::InitFailed;
-    }
-    return PluginState::LibraryLoadFailed;
-}
+/// A manifest that passed the filters and the checks before loading, waiting to be probed.
+struct Candidate {
+    size_t report = 0; ///< index into LoadedPlugins::reports
+    PluginManifest manifest;
+    PluginInitOptions options;
+    std::string probe = "in_process"; ///< how it will be (or was) probed: see PluginReport::probe
+    std::optional<std::string> cacheKey;
+    std::optional<ProbeOutcome> cached; ///< the recorded outcome, when probe == "cached"
+    bool settled = false;               ///< its report is final; do not load it
+};
 
-/// Loads one candidate that passed the filters; fills report and result.
-void loadOne(const Config &config, const PluginManifest &manifest, PluginReport &report,
-             LoadedPlugins &result) {
+/// The checks that need no plugin code: ABI in the manifest, the library file and its ELF
+/// headers, the options JSON. False (with the report filled) when the library must not be opened.
+bool checkBeforeLoading(const Config &config, const PluginManifest &manifest,
+                        PluginReport &report, PluginInitOptions &options) {
     if (manifest.abiMajor != BP_ABI_VERSION_MAJOR) {
         report.state = PluginState::AbiMismatch;
         report.reason = "manifest declares plugin ABI " + std::to_string(manifest.abiMajor) + "." +
@@ -114,72 +119,148 @@ void loadOne(const Config &config, const PluginManifest &manifest, PluginReport 
                         std::to_string(BP_ABI_VERSION_MINOR) +
                         "; the library was not opened. Use a plugin built for ABI " +
                         std::to_string(BP_ABI_VERSION_MAJOR) + ".x";
-        return;
+        return false;
     }
-    std::error_code ec;
-    if (!fs::exists(manifest.library, ec)) {
+    if (const auto problem = libraryFileProblem(manifest.library)) {
         report.state = PluginState::LibraryLoadFailed;
-        report.reason = manifest.library.string() + " does not exist (named by /library of " +
-                        manifest.file.string() + ")";
-        return;
+        report.reason = *problem == "does not exist"
+                            ? manifest.library.string() + " does not exist (named by /library of " +
+                                  manifest.file.string() + ")"
+                            : "cannot load " + manifest.library.string() + ": " + *problem;
+        return false;
     }
-    std::shared_ptr<PluginLibrary> library;
-    try {
-        PluginInitOptions options;
-        options.cacheDir = pluginCacheDir(config, manifest.name);
-        if (const auto it = config.pluginOptions.find(manifest.name);
-            it != config.pluginOptions.end())
-            options.optionsJson = it->second;
-        library = PluginLibrary::open(manifest.library, manifest.name, options);
-    } catch (const PluginLoadError &e) {
-        report.state = stateOf(e.failure());
-        report.reason = e.what();
-        return;
-    } catch (const std::exception &e) {
-        report.state = PluginState::LibraryLoadFailed;
-        report.reason = "cannot load " + manifest.library.string() + ": " + e.what();
-        return;
-    }
-    report.version = library->version();
-    report.abiMajor = library->api().abi_major;
-    report.abiMinor = library->abiMinor();
-    bp_probe_result probe{};
-    try {
-        probe = library->probe();
-    } catch (const Error &e) {
-        report.state = e.code() == ErrorCode::NoDevice ? PluginState::NoDevice
-                                                        : PluginState::ProbeFailed;
-        report.reason = e.what();
-        return;
-    }
-    report.driverVersion = std::string(probe.driver_version,
-                                       strnlen(probe.driver_version, sizeof(probe.driver_version)));
-    report.deviceCount = probe.device_count;
-    std::vector<DeviceInfo> devices;
-    std::string failures;
-    for (uint32_t i = 0; i < probe.device_count; ++i) {
+    if (const auto it = config.pluginOptions.find(manifest.name); it != config.pluginOptions.end()) {
+        // Set from code or the config file; the plugin must get one bounded JSON object.
         try {
-            devices.push_back(toDeviceInfo(manifest.name, i, library->deviceInfo(i)));
+            const auto json = parseJson(it->second, "plugins.options." + manifest.name,
+                                        kPluginOptionsJsonLimits);
+            if (!json.is_object())
+                throw Error(ErrorCode::Config, "plugins.options." + manifest.name +
+                                                   ": expected a JSON object");
+            options.optionsJson = it->second;
         } catch (const Error &e) {
-            failures += std::string(failures.empty() ? "" : "; ") + e.what();
-            log::write(log::Subsystem::Loader, log::Level::Warn,
-                       std::string(e.what()) + "; that device is skipped");
+            report.state = PluginState::InitFailed;
+            report.reason = std::string(e.what()) + "; the plugin was not started";
+            return false;
         }
     }
-    if (probe.device_count == 0) {
-        report.state = PluginState::NoDevice;
-        report.reason = "the probe reports 0 devices";
+    options.cacheDir = pluginCacheDir(config, manifest.name);
+    return true;
+}
+
+void settle(Candidate &c, PluginReport &report, PluginState state, const std::string &reason,
+            const std::string &probe) {
+    report.state = state;
+    report.reason = reason;
+    report.probe = probe;
+    c.settled = true;
+}
+
+/// Runs backplane-probe for every candidate without a cached answer; settles those that
+/// crashed or hung, and marks the rest for loading in process.
+void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
+                   std::vector<PluginReport> &reports) {
+    const fs::path helper = probeHelperPath();
+    if (helper.empty()) {
+        log::write(log::Subsystem::Loader, log::Level::Warn,
+                   "backplane-probe was not found (BACKPLANE_PROBE_HELPER, the build tree, "
+                   "<prefix>/libexec/backplane); plugins are probed in this process, so one that "
+                   "crashes while probing takes this process down");
+        for (auto &c : candidates) c.probe = "in_process";
         return;
     }
-    if (devices.empty()) {
-        report.state = PluginState::ProbeFailed;
-        report.reason = failures;
-        return;
+    CacheStore *store =
+        cacheDirectory(config).empty() ? nullptr : &CacheStore::forConfig(config);
+    const std::string cachedSuffix =
+        " (cached from an earlier run; run `backplane cache clear probes` to probe again)";
+    std::vector<size_t> pending;
+    std::vector<ProbeRequest> requests;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+        Candidate &c = candidates[i];
+        PluginReport &report = reports[c.report];
+        if (store != nullptr) c.cacheKey = probeCacheKey(c.manifest.library, c.options);
+        if (c.cacheKey) {
+            if (auto record = loadProbeRecord(*store, *c.cacheKey)) {
+                if (record->kind == ProbeRecord::Kind::Answered) {
+                    c.probe = "cached";
+                    c.cached = std::move(record->outcome);
+                } else {
+                    settle(c, report,
+                           record->kind == ProbeRecord::Kind::Crashed ? PluginState::ProbeCrashed
+                                                                      : PluginState::ProbeTimeout,
+                           record->reason + cachedSuffix, "cached");
+                }
+                continue;
+            }
+        }
+        pending.push_back(i);
+        requests.push_back({c.manifest.library, c.manifest.name, c.options.cacheDir,
+                            c.options.optionsJson});
     }
-    report.state = PluginState::Loaded;
-    report.reason = failures;
-    result.libraries[manifest.name] = library;
-    for (auto &d : devices) result.devices.push_back(std::move(d));
+    if (requests.empty()) return;
+    const auto answers = runProbes(helper, requests, config.probeTimeoutMs);
+    for (size_t k = 0; k < pending.size(); ++k) {
+        Candidate &c = candidates[pending[k]];
+        PluginReport &report = reports[c.report];
+        const ProbeAnswer &answer = answers[k];
+        ProbeRecord record;
+        switch (answer.outcome) {
+        case ProbeAnswer::Outcome::NotRun:
+            log::write(log::Subsystem::Loader, log::Level::Warn,
+                       c.manifest.name + ": " + answer.reason + "; probing it in this process");
+            c.probe = "in_process";
+            continue;
+        case ProbeAnswer::Outcome::Answered:
+            try {
+                record.outcome = outcomeFromJson(answer.result);
+            } catch (const Error &e) {
+                settle(c, report, PluginState::ProbeCrashed,
+                       std::string("backplane-probe gave an unreadable answer: ") + e.what(),
+                       "isolated");
+                continue;
+            }
+            c.probe = "isolated";
+            break;
+        case ProbeAnswer::Outcome::Crashed:
+            record.kind = ProbeRecord::Kind::Crashed;
+            record.reason = answer.reason;
+            settle(c, report, PluginState::ProbeCrashed, answer.reason, "isolated");
+            break;
+        case ProbeAnswer::Outcome::TimedOut:
+            record.kind = ProbeRecord::Kind::TimedOut;
+            record.reason = answer.reason;
+            settle(c, report, PluginState::ProbeTimeout, answer.reason, "isolated");
+            break;
+        }
+        if (c.cacheKey) storeProbeRecord(*store, *c.cacheKey, std::move(record));
+    }
+}
+
+/// Loads and probes a candidate in this process; fills its report and the result.
+void loadInProcess(const Config &config, Candidate &c, PluginReport &report,
+                   LoadedPlugins &result) {
+    ProbeOutcome outcome = probePlugin(c.manifest.library, c.manifest.name, c.options);
+    report.state = outcome.state;
+    report.reason = outcome.reason;
+    report.probe = c.probe;
+    if (!outcome.version.empty() || outcome.abiMajor != 0) {
+        report.version = outcome.version;
+        report.abiMajor = outcome.abiMajor;
+        report.abiMinor = outcome.abiMinor;
+    }
+    report.driverVersion = outcome.driverVersion;
+    report.deviceCount = outcome.deviceCount;
+    // A cached answer whose driver version or state no longer holds is refreshed.
+    if (c.cached && c.cacheKey &&
+        (c.cached->driverVersion != outcome.driverVersion || c.cached->state != outcome.state)) {
+        ProbeRecord record;
+        record.outcome = outcome;
+        record.outcome.library.reset();
+        storeProbeRecord(CacheStore::forConfig(config), *c.cacheKey, std::move(record));
+    }
+    if (outcome.state != PluginState::Loaded) return;
+    result.libraries[c.manifest.name] = outcome.library;
+    for (auto &d : outcome.devices) result.devices.push_back(std::move(d));
 }
 
 } // namespace
@@ -232,6 +313,7 @@ LoadedPlugins loadPlugins(const Config &config) {
     result.searchPath = pluginSearchPath(config);
     const auto required = requiredBackends(config);
     std::map<std::string, fs::path> winners; // plugin name -> manifest that claimed it
+    std::vector<Candidate> candidates;
 
     for (const auto &file : findManifests(result.searchPath)) {
         PluginReport report;
@@ -239,7 +321,7 @@ LoadedPlugins loadPlugins(const Config &config) {
         PluginManifest manifest;
         try {
             manifest = readManifest(file);
-        } catch (const ManifestError &e) {
+        } catch (const Error &e) { // ManifestError, or anything else reading it raised
             report.state = PluginState::ManifestInvalid;
             report.reason = e.what();
             result.reports.push_back(std::move(report));
@@ -269,17 +351,31 @@ LoadedPlugins loadPlugins(const Config &config) {
                 report.reason = "devices.required is set and devices.prefer names only " +
                                 joined(*required);
             } else {
-                loadOne(config, manifest, report, result);
+                Candidate c;
+                c.report = result.reports.size();
+                c.manifest = manifest;
+                c.probe = config.probeMode == ProbeMode::InProcess ? "in_process" : "isolated";
+                if (checkBeforeLoading(config, manifest, report, c.options))
+                    candidates.push_back(std::move(c));
             }
         }
+        result.reports.push_back(std::move(report));
+    }
+
+    if (config.probeMode == ProbeMode::Isolated) probeIsolated(config, candidates, result.reports);
+    for (auto &c : candidates) {
+        if (c.settled) continue;
+        loadInProcess(config, c, result.reports[c.report], result);
+    }
+
+    for (const auto &report : result.reports) {
         const bool failed = report.state != PluginState::Loaded &&
                             report.state != PluginState::FilteredOut &&
                             report.state != PluginState::Shadowed;
         log::write(log::Subsystem::Loader, failed ? log::Level::Info : log::Level::Debug,
-                   (report.name.empty() ? file.string() : report.name) + ": " +
+                   (report.name.empty() ? report.manifest.string() : report.name) + ": " +
                        toString(report.state) +
                        (report.reason.empty() ? "" : " (" + report.reason + ")"));
-        result.reports.push_back(std::move(report));
     }
     return result;
 }

@@ -1,10 +1,9 @@
-// Reading plugin manifests.
+// Reading plugin manifests: bounded JSON, every failure one Error naming the file and pointer.
 #include "plugin_manifest.hpp"
 
-#include <nlohmann/json.hpp>
+#include "input/json_input.hpp"
 
 #include <cstdio>
-#include <fstream>
 
 namespace backplane::detail {
 namespace {
@@ -26,20 +25,12 @@ std::string requiredString(const Json &root, const std::filesystem::path &file, 
         fail(file, pointer, std::string("expected a string, got ") + value.type_name());
     std::string text = value.get<std::string>();
     if (!allowEmpty && text.empty()) fail(file, pointer, "must not be empty");
+    if (text.size() > 4096) fail(file, pointer, "longer than 4096 bytes");
+    if (text.find('\0') != std::string::npos) fail(file, pointer, "contains a NUL character");
     return text;
 }
 
-} // namespace
-
-PluginManifest readManifest(const std::filesystem::path &file) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw ManifestError(file.string() + ": cannot read the manifest");
-    Json root;
-    try {
-        root = Json::parse(in);
-    } catch (const Json::parse_error &e) {
-        throw ManifestError(file.string() + ": not valid JSON: " + e.what());
-    }
+PluginManifest fromJson(const Json &root, const std::filesystem::path &file) {
     if (!root.is_object())
         fail(file, "/", std::string("expected an object, got ") + root.type_name());
 
@@ -58,6 +49,28 @@ PluginManifest readManifest(const std::filesystem::path &file) {
     m.backend = requiredString(root, file, "backend", false);
     m.description = requiredString(root, file, "description", true);
     return m;
+}
+
+} // namespace
+
+PluginManifest parseManifest(std::string_view text, const std::filesystem::path &file) {
+    Json root;
+    try {
+        root = parseJson(text, file.string(), kManifestJsonLimits, ErrorCode::PluginLoad);
+    } catch (const Error &e) {
+        throw ManifestError(e.what());
+    }
+    return fromJson(root, file);
+}
+
+PluginManifest readManifest(const std::filesystem::path &file) {
+    Json root;
+    try {
+        root = readJsonFile(file, kManifestJsonLimits, ErrorCode::PluginLoad);
+    } catch (const Error &e) {
+        throw ManifestError(e.what());
+    }
+    return fromJson(root, file);
 }
 
 } // namespace backplane::detail

@@ -1,10 +1,12 @@
 // PluginManifest: the small JSON file that describes a plugin before its library is opened.
 #pragma once
 
+#include <backplane/error.hpp>
+
 #include <cstdint>
 #include <filesystem>
-#include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace backplane::detail {
 
@@ -19,13 +21,17 @@ struct PluginManifest {
     std::string description;
 };
 
-/// Why a manifest is unusable; the message names the file and the JSON path.
-class ManifestError : public std::runtime_error {
+/// Why a manifest is unusable; the message names the file and the JSON pointer.
+class ManifestError : public Error {
 public:
-    using std::runtime_error::runtime_error;
+    explicit ManifestError(const std::string &message) : Error(ErrorCode::PluginLoad, message) {}
 };
 
-/// Reads and checks one manifest file. Throws ManifestError. Never opens the library.
+/// Reads and checks one manifest file (at most kManifestJsonLimits: 256 KiB, 32 levels).
+/// Throws ManifestError for any malformed input. Never opens the library.
 PluginManifest readManifest(const std::filesystem::path &file);
+
+/// readManifest on text already read from `file` (relative library paths resolve against it).
+PluginManifest parseManifest(std::string_view text, const std::filesystem::path &file);
 
 } // namespace backplane::detail

@@ -1,6 +1,8 @@
 // DeviceInfo helpers and the conversion from the ABI's bp_device_info.
 #include "device_info.hpp"
 
+#include "plugin/plugin_library.hpp"
+
 #include <cstdio>
 #include <cstring>
 
@@ -44,9 +46,8 @@ std::string DeviceInfo::uuidString() const {
 namespace detail {
 
 namespace {
-std::string fixedString(const char *text, size_t capacity) {
-    return std::string(text, strnlen(text, capacity));
-}
+/// A field the plugin filled: cut at its size when it has no NUL, made safe to print and JSON.
+std::string fixedString(const char *text, size_t capacity) { return fieldText(text, capacity); }
 } // namespace
 
 DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_device_info &in) {

@@ -1,10 +1,17 @@
 // Loading a plugin library: dlopen through Boost.DLL, entry symbol, ABI check, init.
 #include "plugin_library.hpp"
 
+#include "input/elf_check.hpp"
+
 #include <backplane/log.hpp>
 
+#include <cxxabi.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <system_error>
+#include <typeinfo>
 
 namespace backplane::detail {
 namespace {
@@ -45,21 +52,115 @@ std::string loaderMessage(const std::system_error &e) {
     return text;
 }
 
+/// Length of the valid UTF-8 sequence at `p` (at most `left` bytes), or 0 when it is invalid.
+size_t utf8Length(const unsigned char *p, size_t left) {
+    const unsigned char c = p[0];
+    size_t n = 0;
+    uint32_t min = 0;
+    if (c < 0x80) return 1;
+    if ((c & 0xe0) == 0xc0) n = 2, min = 0x80;
+    else if ((c & 0xf0) == 0xe0) n = 3, min = 0x800;
+    else if ((c & 0xf8) == 0xf0) n = 4, min = 0x10000;
+    else return 0;
+    if (n > left) return 0;
+    uint32_t code = c & (0x7f >> n);
+    for (size_t i = 1; i < n; ++i) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        code = (code << 6) | (p[i] & 0x3f);
+    }
+    if (code < min || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return 0;
+    return n;
+}
+
+std::string demangled(const char *name) {
+    int status = 0;
+    char *text = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+    std::string out = status == 0 && text != nullptr ? text : name;
+    std::free(text);
+    return out;
+}
+
+/// A string the plugin's table points at (plugin_name, plugin_version): at most 256 bytes.
+std::string tableString(const char *text) { return text ? fieldText(text, 256) : std::string(); }
+
 } // namespace
+
+std::string fieldText(const char *text, size_t capacity) {
+    const auto *bytes = reinterpret_cast<const unsigned char *>(text);
+    const size_t size = strnlen(text, capacity);
+    std::string out;
+    out.reserve(size);
+    for (size_t i = 0; i < size;) {
+        const size_t n = utf8Length(bytes + i, size - i);
+        if (n == 0 || (n == 1 && (bytes[i] < 0x20 || bytes[i] == 0x7f))) {
+            out += '?';
+            ++i;
+            continue;
+        }
+        out.append(text + i, n);
+        i += n;
+    }
+    return out;
+}
+
+std::string errorText(const bp_error &error) {
+    return fieldText(error.message, sizeof(error.message));
+}
+
+bp_status containedException(const char *function, bp_error &error) noexcept {
+    std::string text;
+    try {
+        throw;
+    } catch (const std::exception &e) {
+        try {
+            text = std::string(function) + " threw " + demangled(typeid(e).name()) + ": " +
+                   fieldText(e.what(), 4096) + " (a plugin must return a status, never throw)";
+        } catch (...) { // NOLINT(bugprone-empty-catch): out of memory while describing it
+        }
+    } catch (...) {
+        try {
+            text = std::string(function) +
+                   " threw an exception that is not a std::exception (a plugin must return a "
+                   "status, never throw)";
+        } catch (...) { // NOLINT(bugprone-empty-catch): as above
+        }
+    }
+    const size_t n = std::min(text.size(), sizeof(error.message) - 1);
+    std::memcpy(error.message, text.data(), n);
+    error.message[n] = '\0';
+    error.vendor_code = 0;
+    return BP_ERROR_INTERNAL;
+}
+
+void logContainedRelease(const std::string &plugin, const char *function) noexcept {
+    bp_error error = makeError();
+    containedException(function, error);
+    try {
+        log::write(log::Subsystem::Plugin, log::Level::Error,
+                   plugin + ": " + errorText(error) + "; ignored");
+    } catch (...) { // NOLINT(bugprone-empty-catch): logging failed; nothing else to do
+    }
+}
 
 void throwStatus(bp_status status, const bp_error &error, const std::string &backend,
                  const std::string &what) {
     std::string message = what;
-    if (error.message[0] != '\0') message += ": " + std::string(error.message);
+    if (const std::string text = errorText(error); !text.empty()) message += ": " + text;
     throw Error(toErrorCode(status), message, backend, error.vendor_code);
 }
 
 std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &libraryPath,
                                                    const std::string &expectedName,
-                                                   const PluginInitOptions &options) {
+                                                   const PluginInitOptions &options,
+                                                   const std::function<void(const char *)> &onStage) {
     std::shared_ptr<PluginLibrary> plugin(new PluginLibrary());
     plugin->path_ = libraryPath;
     const std::string file = libraryPath.string();
+    // dlopen maps the file: a truncated one ends in SIGBUS, a foreign one in a misleading
+    // "No such file or directory". Read the headers first and say what is wrong in words.
+    if (const auto problem = libraryFileProblem(libraryPath))
+        throw PluginLoadError(LoadFailure::LibraryLoad, "cannot load " + file + ": " + *problem);
+    if (onStage) onStage("loading");
     try {
         plugin->library_.load(libraryPath, boost::dll::load_mode::rtld_now |
                                                boost::dll::load_mode::rtld_local);
@@ -73,7 +174,13 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
                               "': it is not a backplane plugin, or was built without "
                               "BACKPLANE_PLUGIN()");
     const auto entry = plugin->library_.get<const bp_plugin_api *()>(BP_PLUGIN_ENTRY_SYMBOL);
-    const bp_plugin_api *api = entry();
+    const bp_plugin_api *api = nullptr;
+    bp_error entryError = makeError();
+    if (callContained(BP_PLUGIN_ENTRY_SYMBOL, entryError, [&] {
+            api = entry();
+            return BP_SUCCESS;
+        }) != BP_SUCCESS)
+        throw PluginLoadError(LoadFailure::InvalidTable, file + ": " + errorText(entryError));
     constexpr size_t kMinimumTable = offsetof(bp_plugin_api, native_handle) + sizeof(void *);
     if (api == nullptr || api->struct_size < offsetof(bp_plugin_api, plugin_version) + sizeof(void *))
         throw PluginLoadError(LoadFailure::InvalidTable,
@@ -92,8 +199,8 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
                                   " bytes is smaller than ABI 1.0's " +
                                   std::to_string(kMinimumTable) + " or lacks required functions");
     plugin->api_ = api;
-    plugin->name_ = api->plugin_name ? api->plugin_name : "";
-    plugin->version_ = api->plugin_version ? api->plugin_version : "";
+    plugin->name_ = tableString(api->plugin_name);
+    plugin->version_ = tableString(api->plugin_version);
     if (!expectedName.empty() && plugin->name_ != expectedName)
         throw PluginLoadError(LoadFailure::InvalidTable,
                               file + " calls itself '" + plugin->name_ +
@@ -108,11 +215,14 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
     args.cache_dir = options.cacheDir.empty() ? nullptr : options.cacheDir.c_str();
     args.options_json = options.optionsJson.c_str();
     bp_error error = makeError();
-    const bp_status status = api->plugin_init(&args, &plugin->instance_, &error);
+    if (onStage) onStage("plugin_init");
+    const bp_status status = callContained("plugin_init", error, [&] {
+        return api->plugin_init(&args, &plugin->instance_, &error);
+    });
     if (status != BP_SUCCESS) {
         plugin->instance_ = nullptr;
         throw PluginLoadError(LoadFailure::InitFailed,
-                              file + ": plugin_init failed: " + std::string(error.message));
+                              file + ": plugin_init failed: " + errorText(error));
     }
     log::write(log::Subsystem::Loader, log::Level::Debug,
                "loaded " + plugin->name_ + " " + plugin->version_ + " from " + file);
@@ -120,7 +230,8 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
 }
 
 PluginLibrary::~PluginLibrary() {
-    if (instance_ != nullptr) api_->plugin_destroy(instance_);
+    if (instance_ != nullptr)
+        releaseContained(name_, "plugin_destroy", [&] { api_->plugin_destroy(instance_); });
     // library_ unloads after this body, once the plugin's threads are joined by plugin_destroy.
 }
 
@@ -128,8 +239,15 @@ bp_probe_result PluginLibrary::probe() const {
     bp_probe_result result{};
     result.struct_size = sizeof(result);
     bp_error error = makeError();
-    const bp_status status = api_->probe(instance_, &result, &error);
+    const bp_status status =
+        callContained("probe", error, [&] { return api_->probe(instance_, &result, &error); });
     if (status != BP_SUCCESS) throwStatus(status, error, name_, name_ + " probe failed");
+    if (result.device_count > kMaxDevicesPerPlugin)
+        throw Error(ErrorCode::Internal,
+                    name_ + " probe reports " + std::to_string(result.device_count) +
+                        " devices, more than the " + std::to_string(kMaxDevicesPerPlugin) +
+                        " a plugin may report; the plugin is broken (none of its devices is used)",
+                    name_);
     return result;
 }
 
@@ -137,7 +255,9 @@ bp_device_info PluginLibrary::deviceInfo(uint32_t index) const {
     bp_device_info info{};
     info.struct_size = sizeof(info);
     bp_error error = makeError();
-    const bp_status status = api_->device_info(instance_, index, &info, &error);
+    const bp_status status = callContained("device_info", error, [&] {
+        return api_->device_info(instance_, index, &info, &error);
+    });
     if (status != BP_SUCCESS)
         throwStatus(status, error, name_,
                     name_ + " device_info(" + std::to_string(index) + ") failed");

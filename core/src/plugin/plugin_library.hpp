@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,45 @@ struct PluginInitOptions {
 [[noreturn]] void throwStatus(bp_status status, const bp_error &error, const std::string &backend,
                               const std::string &what);
 
+/// The most devices one plugin may report (docs/plugin-abi.md); a probe claiming more is
+/// reported probe_failed instead of being enumerated.
+inline constexpr uint32_t kMaxDevicesPerPlugin = 1024;
+
+/// The message a plugin wrote into `error`, cut at the field's capacity when it has no NUL, with
+/// bytes that are not printable UTF-8 replaced, so it is safe to show and to put in JSON.
+std::string errorText(const bp_error &error);
+
+/// A fixed-size string field a plugin filled (device name, driver version): cut at the first
+/// NUL or at `capacity`, invalid UTF-8 and control characters replaced by '?'.
+std::string fieldText(const char *text, size_t capacity);
+
+/// Writes what escaped plugin function `function` into `error` and returns BP_ERROR_INTERNAL;
+/// call from a catch block only (it rethrows the current exception to name it).
+bp_status containedException(const char *function, bp_error &error) noexcept;
+
+/// Calls a plugin entry point: `call()` returns its status. The ABI forbids exceptions, but a
+/// plugin built without the SDK can still throw; anything it throws, of any type, becomes
+/// BP_ERROR_INTERNAL with a message naming `function` and the exception.
+template <class Call> bp_status callContained(const char *function, bp_error &error, Call &&call) noexcept {
+    try {
+        return call();
+    } catch (...) {
+        return containedException(function, error);
+    }
+}
+
+/// Calls a plugin function that cannot report failure (releases, destroy): anything it throws is
+/// logged with `plugin` and `function` and otherwise ignored.
+void logContainedRelease(const std::string &plugin, const char *function) noexcept;
+template <class Call>
+void releaseContained(const std::string &plugin, const char *function, Call &&call) noexcept {
+    try {
+        call();
+    } catch (...) {
+        logContainedRelease(plugin, function);
+    }
+}
+
 /// A freshly made bp_error, ready to pass to a plugin.
 inline bp_error makeError() {
     bp_error e{};
@@ -57,9 +97,12 @@ class PluginLibrary {
 public:
     /// Loads `libraryPath`, imports the entry symbol, checks the ABI and calls plugin_init.
     /// Throws PluginLoadError. `expectedName` (the manifest's) must equal the table's name.
+    /// `onStage`, when given, is told "loading" before dlopen and "plugin_init" before init
+    /// (backplane-probe reports the stage a crash happened in).
     static std::shared_ptr<PluginLibrary> open(const std::filesystem::path &libraryPath,
                                                const std::string &expectedName,
-                                               const PluginInitOptions &options);
+                                               const PluginInitOptions &options,
+                                               const std::function<void(const char *)> &onStage = {});
     ~PluginLibrary();
     PluginLibrary(const PluginLibrary &) = delete;
     PluginLibrary &operator=(const PluginLibrary &) = delete;

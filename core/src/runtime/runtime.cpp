@@ -1,6 +1,7 @@
 // Runtime: loads plugins through the loader, keeps the device list, selects, reports as JSON.
 #include "runtime_impl.hpp"
 
+#include "input/json_input.hpp"
 #include "loader/plugin_loader.hpp"
 #include "runtime/device_list.hpp"
 #include "runtime/device_selector.hpp"
@@ -171,6 +172,7 @@ Json pluginJson(const PluginReport &r) {
         {"abi_version", std::to_string(r.abiMajor) + "." + std::to_string(r.abiMinor)},
         {"driver_version", r.driverVersion},
         {"device_count", r.deviceCount},
+        {"probe", r.probe},
     };
 }
 
@@ -189,6 +191,8 @@ const char *toString(PluginState state) noexcept {
     case PluginState::InitFailed: return "init_failed";
     case PluginState::ProbeFailed: return "probe_failed";
     case PluginState::NoDevice: return "no_device";
+    case PluginState::ProbeCrashed: return "probe_crashed";
+    case PluginState::ProbeTimeout: return "probe_timeout";
     }
     return "unknown";
 }
@@ -267,7 +271,7 @@ std::string Runtime::reportJson(int indent) const {
         {"devices", devices},
         {"selection", selection},
     };
-    return root.dump(indent);
+    return detail::dumpJson(root, indent);
 }
 
 } // namespace backplane

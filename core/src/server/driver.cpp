@@ -6,16 +6,20 @@
 namespace backplane::detail {
 
 void releaseMemory(Driver &driver, bp_memory *memory) {
-    driver.api().memory_free(driver.device(), memory);
+    releaseContained(driver.plugin().name(), "memory_free",
+                     [&] { driver.api().memory_free(driver.device(), memory); });
 }
 void releaseStream(Driver &driver, bp_stream *stream) {
-    driver.api().stream_destroy(driver.device(), stream);
+    releaseContained(driver.plugin().name(), "stream_destroy",
+                     [&] { driver.api().stream_destroy(driver.device(), stream); });
 }
 void releaseEvent(Driver &driver, bp_event *event) {
-    driver.api().event_release(driver.device(), event);
+    releaseContained(driver.plugin().name(), "event_release",
+                     [&] { driver.api().event_release(driver.device(), event); });
 }
 void releaseKernel(Driver &driver, bp_kernel *kernel) {
-    driver.api().kernel_release(driver.device(), kernel);
+    releaseContained(driver.plugin().name(), "kernel_release",
+                     [&] { driver.api().kernel_release(driver.device(), kernel); });
 }
 
 namespace {
@@ -44,8 +48,9 @@ std::shared_ptr<Driver> Driver::open(std::shared_ptr<PluginLibrary> plugin,
     bp_device_open_args args{};
     args.struct_size = sizeof(args);
     bp_error error = makeError();
-    const bp_status status =
-        api.device_open(driver->plugin_->instance(), info.index, &args, &driver->device_, &error);
+    const bp_status status = callContained("device_open", error, [&] {
+        return api.device_open(driver->plugin_->instance(), info.index, &args, &driver->device_, &error);
+    });
     if (status != BP_SUCCESS) {
         driver->device_ = nullptr;
         driver->fail(status, error, "device_open(" + info.id() + ")");
@@ -55,7 +60,8 @@ std::shared_ptr<Driver> Driver::open(std::shared_ptr<PluginLibrary> plugin,
 }
 
 Driver::~Driver() {
-    if (device_ != nullptr) plugin_->api().device_close(device_);
+    if (device_ != nullptr)
+        releaseContained(plugin_->name(), "device_close", [&] { plugin_->api().device_close(device_); });
 }
 
 void Driver::fail(bp_status status, const bp_error &error, const std::string &what) const {
@@ -70,7 +76,9 @@ MemoryPage Driver::allocate(bp_memory_kind kind, uint64_t size) {
     bp_memory *memory = nullptr;
     void *mapped = nullptr;
     bp_error error = makeError();
-    const bp_status status = api().memory_allocate(device_, &args, &memory, &mapped, &error);
+    const bp_status status = callContained("memory_allocate", error, [&] {
+        return api().memory_allocate(device_, &args, &memory, &mapped, &error);
+    });
     if (status != BP_SUCCESS)
         fail(status, error, "memory_allocate(" + std::to_string(size) + " bytes) on " + info_.id());
     MemoryPage page;
@@ -86,7 +94,9 @@ StreamOwner Driver::createStream() {
     args.struct_size = sizeof(args);
     bp_stream *stream = nullptr;
     bp_error error = makeError();
-    const bp_status status = api().stream_create(device_, &args, &stream, &error);
+    const bp_status status = callContained("stream_create", error, [&] {
+        return api().stream_create(device_, &args, &stream, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "stream_create on " + info_.id());
     return {shared_from_this(), stream};
 }
@@ -97,8 +107,9 @@ EventOwner Driver::flush(bp_stream *stream, bool wantEvent, bool timing) {
     args.flags = timing ? static_cast<uint32_t>(BP_FLUSH_TIMING_EVENT) : 0u;
     bp_event *event = nullptr;
     bp_error error = makeError();
-    const bp_status status =
-        api().stream_flush(device_, stream, &args, wantEvent ? &event : nullptr, &error);
+    const bp_status status = callContained("stream_flush", error, [&] {
+        return api().stream_flush(device_, stream, &args, wantEvent ? &event : nullptr, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "stream_flush on " + info_.id());
     if (!wantEvent) return {};
     return {shared_from_this(), event};
@@ -106,19 +117,25 @@ EventOwner Driver::flush(bp_stream *stream, bool wantEvent, bool timing) {
 
 void Driver::waitEvent(bp_stream *stream, bp_event *event) {
     bp_error error = makeError();
-    const bp_status status = api().stream_wait_event(device_, stream, event, &error);
+    const bp_status status = callContained("stream_wait_event", error, [&] {
+        return api().stream_wait_event(device_, stream, event, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "stream_wait_event on " + info_.id());
 }
 
 void Driver::eventWait(bp_event *event) {
     bp_error error = makeError();
-    const bp_status status = api().event_wait(device_, event, UINT64_MAX, &error);
+    const bp_status status = callContained("event_wait", error, [&] {
+        return api().event_wait(device_, event, UINT64_MAX, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "event_wait on " + info_.id());
 }
 
 bool Driver::eventWaitFor(bp_event *event, uint64_t timeoutNs) {
     bp_error error = makeError();
-    const bp_status status = api().event_wait(device_, event, timeoutNs, &error);
+    const bp_status status = callContained("event_wait", error, [&] {
+        return api().event_wait(device_, event, timeoutNs, &error);
+    });
     if (status == BP_ERROR_TIMEOUT || status == BP_ERROR_NOT_READY) return false;
     if (status != BP_SUCCESS) fail(status, error, "event_wait on " + info_.id());
     return true;
@@ -126,7 +143,9 @@ bool Driver::eventWaitFor(bp_event *event, uint64_t timeoutNs) {
 
 bool Driver::eventQuery(bp_event *event) {
     bp_error error = makeError();
-    const bp_status status = api().event_query(device_, event, &error);
+    const bp_status status = callContained("event_query", error, [&] {
+        return api().event_query(device_, event, &error);
+    });
     if (status == BP_ERROR_NOT_READY) return false;
     if (status != BP_SUCCESS) fail(status, error, "event_query on " + info_.id());
     return true;
@@ -138,7 +157,9 @@ uint64_t Driver::elapsedNs(bp_event *start, bp_event *end) {
                     plugin_->name());
     uint64_t out = 0;
     bp_error error = makeError();
-    const bp_status status = api().event_elapsed_ns(device_, start, end, &out, &error);
+    const bp_status status = callContained("event_elapsed_ns", error, [&] {
+        return api().event_elapsed_ns(device_, start, end, &out, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "event_elapsed_ns on " + info_.id());
     return out;
 }
@@ -147,7 +168,9 @@ void Driver::copyHostToDevice(bp_stream *stream, const void *src, bp_memory *dst
                               uint64_t dstOffset, uint64_t size) {
     bp_copy_host_to_device_args args{sizeof(args), src, dst, dstOffset, size};
     bp_error error = makeError();
-    const bp_status status = api().copy_host_to_device(device_, stream, &args, &error);
+    const bp_status status = callContained("copy_host_to_device", error, [&] {
+        return api().copy_host_to_device(device_, stream, &args, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "copy_host_to_device on " + info_.id());
 }
 
@@ -155,7 +178,9 @@ void Driver::copyDeviceToHost(bp_stream *stream, bp_memory *src, uint64_t srcOff
                               uint64_t size) {
     bp_copy_device_to_host_args args{sizeof(args), src, srcOffset, dst, size};
     bp_error error = makeError();
-    const bp_status status = api().copy_device_to_host(device_, stream, &args, &error);
+    const bp_status status = callContained("copy_device_to_host", error, [&] {
+        return api().copy_device_to_host(device_, stream, &args, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "copy_device_to_host on " + info_.id());
 }
 
@@ -163,7 +188,9 @@ void Driver::copyDeviceToDevice(bp_stream *stream, bp_memory *src, uint64_t srcO
                                 bp_memory *dst, uint64_t dstOffset, uint64_t size) {
     bp_copy_device_to_device_args args{sizeof(args), src, srcOffset, dst, dstOffset, size};
     bp_error error = makeError();
-    const bp_status status = api().copy_device_to_device(device_, stream, &args, &error);
+    const bp_status status = callContained("copy_device_to_device", error, [&] {
+        return api().copy_device_to_device(device_, stream, &args, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "copy_device_to_device on " + info_.id());
 }
 
@@ -171,7 +198,9 @@ void Driver::fill(bp_stream *stream, bp_memory *dst, uint64_t offset, uint64_t s
                   uint32_t pattern) {
     bp_fill_args args{sizeof(args), dst, offset, size, pattern};
     bp_error error = makeError();
-    const bp_status status = api().fill(device_, stream, &args, &error);
+    const bp_status status = callContained("fill", error, [&] {
+        return api().fill(device_, stream, &args, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "fill on " + info_.id());
 }
 
@@ -192,12 +221,14 @@ CompiledKernel Driver::compile(const std::string &kernelName, bp_dialect dialect
     args.binary = {&out.binary, &appendToBytes};
     args.log = {&out.log, &appendToString};
     bp_error error = makeError();
-    const bp_status status = api().kernel_compile(device_, &args, &error);
+    const bp_status status = callContained("kernel_compile", error, [&] {
+        return api().kernel_compile(device_, &args, &error);
+    });
     if (status != BP_SUCCESS) {
         std::string message = "kernel '" + kernelName + "' (entry " + entryPoint + ", " +
                               toString(static_cast<Dialect>(dialect)) + ") failed to compile on " +
                               info_.id();
-        if (error.message[0] != '\0') message += ": " + std::string(error.message);
+        if (const std::string text = errorText(error); !text.empty()) message += ": " + text;
         if (!out.log.empty()) message += "\ncompiler log:\n" + out.log;
         throw Error(status == BP_ERROR_COMPILE ? ErrorCode::Compile : ErrorCode::Internal, message,
                     plugin_->name(), error.vendor_code);
@@ -218,7 +249,9 @@ KernelOwner Driver::load(const std::string &kernelName, bp_dialect dialect,
     args.binary_size = size;
     bp_kernel *kernel = nullptr;
     bp_error error = makeError();
-    const bp_status status = api().kernel_load(device_, &args, &kernel, &error);
+    const bp_status status = callContained("kernel_load", error, [&] {
+        return api().kernel_load(device_, &args, &kernel, &error);
+    });
     if (status != BP_SUCCESS)
         fail(status, error, "kernel_load of '" + kernelName + "' on " + info_.id());
     return {shared_from_this(), kernel};
@@ -226,7 +259,9 @@ KernelOwner Driver::load(const std::string &kernelName, bp_dialect dialect,
 
 void Driver::launch(bp_stream *stream, const bp_launch_args &args, const std::string &kernelName) {
     bp_error error = makeError();
-    const bp_status status = api().kernel_launch(device_, stream, &args, &error);
+    const bp_status status = callContained("kernel_launch", error, [&] {
+        return api().kernel_launch(device_, stream, &args, &error);
+    });
     if (status != BP_SUCCESS)
         fail(status, error, "kernel_launch of '" + kernelName + "' on " + info_.id());
 }
@@ -237,7 +272,9 @@ uint64_t Driver::nativeHandle(bp_native_kind kind, const void *object) {
                     plugin_->name());
     uint64_t out = 0;
     bp_error error = makeError();
-    const bp_status status = api().native_handle(device_, kind, object, &out, &error);
+    const bp_status status = callContained("native_handle", error, [&] {
+        return api().native_handle(device_, kind, object, &out, &error);
+    });
     if (status != BP_SUCCESS) fail(status, error, "native_handle on " + info_.id());
     return out;
 }
