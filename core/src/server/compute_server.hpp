@@ -30,7 +30,7 @@ public:
     explicit PluginStreams(std::shared_ptr<Driver> driver) : driver_(std::move(driver)) {}
     void *createStream() override { return driver_->createStream().release(); }
     void destroyStream(void *stream) override {
-        driver_->api().stream_destroy(driver_->device(), static_cast<bp_stream *>(stream));
+        releaseStream(*driver_, static_cast<bp_stream *>(stream));
     }
     void *flush(void *stream) override {
         return driver_->flush(static_cast<bp_stream *>(stream), true).release();
@@ -46,7 +46,7 @@ public:
         return driver_->eventQuery(static_cast<bp_event *>(event));
     }
     void releaseEvent(void *event) override {
-        driver_->api().event_release(driver_->device(), static_cast<bp_event *>(event));
+        detail::releaseEvent(*driver_, static_cast<bp_event *>(event));
     }
     void submit(void *stream) override { driver_->flush(static_cast<bp_stream *>(stream), false); }
 
