@@ -536,6 +536,30 @@ TEST_CASE("cuts a plugin's error message without a NUL at its capacity") {
     }
 }
 
+TEST_CASE("skips a device whose binding alignment the pools cannot use, keeping the others") {
+    const fs::path manifest = kHostileDir / "hostile_alignment.json";
+    for (const ProbeMode mode : kBothModes) {
+        const std::string modeName = backplane::toString(mode);
+        CAPTURE(modeName);
+        const Runtime runtime(caseConfig({manifest}, mode));
+        const PluginReport &report = reportOf(runtime, manifest);
+        CHECK(stateOf(report) == "loaded");
+        CHECK(report.deviceCount == 2);
+        CHECK_MESSAGE(contains(report.reason, "device_info(0) reports a binding alignment of 3 "
+                                              "bytes; it must be a power of two"),
+                      "reason: " << report.reason);
+        size_t devices = 0;
+        for (const auto &d : runtime.devices())
+            for (const auto &route : d.routes)
+                if (route.backend == "hostile_alignment") {
+                    ++devices;
+                    CHECK(route.index == 1);
+                }
+        CHECK(devices == 1);
+        checkHostRunsKernel(runtime);
+    }
+}
+
 // ----- hostile plugins that only the isolated probe contains ------------------------------------
 
 TEST_CASE("contains a probe that segfaults in the probe process and reports SIGSEGV") {

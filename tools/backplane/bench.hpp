@@ -32,5 +32,6 @@ void benchEngine(const BenchOptions &options, BenchRows &rows); ///< bench_engin
 void benchVulkan(const BenchOptions &options, BenchRows &rows); ///< bench_vulkan.cpp
 void benchCuda(const BenchOptions &options, BenchRows &rows);   ///< bench_cuda.cpp
 void benchTune(const BenchOptions &options, BenchRows &rows);   ///< bench_tune.cpp
+void benchStartup(const BenchOptions &options, BenchRows &rows); ///< bench_startup.cpp
 
 } // namespace backplane::tool

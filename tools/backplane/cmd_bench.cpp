@@ -34,6 +34,9 @@ const std::vector<Suite> &suites() {
 #ifdef BACKPLANE_HAVE_BENCH_TUNE
         {"tune", &benchTune},
 #endif
+#ifdef BACKPLANE_HAVE_BENCH_STARTUP
+        {"startup", &benchStartup},
+#endif
     };
     return all;
 }

@@ -3,6 +3,8 @@
 
 #include "plugin/plugin_library.hpp"
 
+#include <backplane/error.hpp>
+
 #include <cstdio>
 #include <cstring>
 
@@ -51,6 +53,7 @@ std::string fixedString(const char *text, size_t capacity) { return fieldText(te
 } // namespace
 
 DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_device_info &in) {
+    constexpr uint64_t kMaxBindingAlignment = 1u << 20;
     DeviceInfo out;
     out.backend = backend;
     out.index = index;
@@ -71,6 +74,17 @@ DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_dev
     out.maxBlockThreads = in.max_block_threads;
     out.maxSharedMemoryBytes = in.max_shared_memory_bytes;
     out.subgroupSize = in.subgroup_size;
+    // The pools align with it: a value that is not a power of two, or absurdly large, would
+    // break their arithmetic, so such a device is refused (the loader skips it, with this text).
+    if (in.binding_alignment != 0 &&
+        ((in.binding_alignment & (in.binding_alignment - 1)) != 0 ||
+         in.binding_alignment > kMaxBindingAlignment))
+        throw Error(ErrorCode::Internal,
+                    backend + " device_info(" + std::to_string(index) + ") reports a binding "
+                    "alignment of " + std::to_string(in.binding_alignment) +
+                    " bytes; it must be a power of two of at most " +
+                    std::to_string(kMaxBindingAlignment),
+                    backend);
     out.bindingAlignment = in.binding_alignment == 0 ? 1 : in.binding_alignment;
     out.maxBindings = in.max_bindings;
     out.maxScalarBytes = in.max_scalar_bytes;
