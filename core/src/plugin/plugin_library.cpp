@@ -32,11 +32,16 @@ ErrorCode toErrorCode(bp_status status) {
     }
 }
 
-void logFromPlugin(void *user, bp_log_level level, const char *message) {
-    const auto *name = static_cast<const std::string *>(user);
-    const auto l = static_cast<log::Level>(level <= BP_LOG_ERROR ? level : BP_LOG_ERROR);
-    if (log::enabled(log::Subsystem::Plugin, l))
-        log::write(log::Subsystem::Plugin, l, *name + ": " + (message ? message : ""));
+/// The log sink plugins call: C code on the other side, so nothing may escape it.
+void logFromPlugin(void *user, bp_log_level level, const char *message) noexcept {
+    try {
+        const auto *name = static_cast<const std::string *>(user);
+        const auto l = static_cast<log::Level>(level <= BP_LOG_ERROR ? level : BP_LOG_ERROR);
+        if (log::enabled(log::Subsystem::Plugin, l))
+            log::write(log::Subsystem::Plugin, l,
+                       *name + ": " + (message ? fieldText(message, 4096) : ""));
+    } catch (...) { // NOLINT(bugprone-empty-catch): a lost log line is all that can go wrong
+    }
 }
 
 // Boost.DLL appends "(dlerror system message: ...)"; the dynamic loader's text is what helps.
