@@ -7,11 +7,15 @@
 #include <shaderc/shaderc.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace backplane::vulkan {
@@ -28,6 +32,59 @@ uint64_t fnv1a(const unsigned char *data, size_t size) {
     uint64_t hash = 1469598103934665603ull;
     for (size_t i = 0; i < size; ++i) hash = (hash ^ data[i]) * 1099511628211ull;
     return hash;
+}
+
+/// Replaces `path` with `bytes` so that the file is always whole: a temporary file next to it is
+/// written completely, fsynced, closed and its size checked, and only then renamed over `path`
+/// (atomic within a directory). Any failure (a full disk: ENOSPC or EFBIG at write, fsync or
+/// close) removes the temporary file and leaves the previous file untouched. A directory removed
+/// by `backplane cache clear` is created again. Returns "" or what failed, with errno's text.
+std::string publishFile(const std::string &path, const std::vector<unsigned char> &bytes) {
+    const std::filesystem::path target(path);
+    std::error_code ec;
+    std::filesystem::create_directories(target.parent_path(), ec);
+    // A random part too: a crashed process may have left a temporary file of a reused pid.
+    static std::atomic<uint64_t> counter{0};
+    std::random_device random;
+    const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                             std::to_string(counter.fetch_add(1)) + "." + std::to_string(random());
+    const auto failed = [&](const std::string &step, int error) {
+        ::unlink(temp.c_str());
+        return step + " " + temp + ": " + std::strerror(error);
+    };
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return "cannot create " + temp + ": " + std::strerror(errno);
+    size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            const int error = n < 0 ? errno : ENOSPC;
+            ::close(fd);
+            return failed("cannot write", error);
+        }
+        done += static_cast<size_t>(n);
+    }
+    struct stat written {};
+    if (::fsync(fd) != 0) {
+        const int error = errno;
+        ::close(fd);
+        return failed("cannot flush", error);
+    }
+    if (::fstat(fd, &written) != 0) {
+        const int error = errno;
+        ::close(fd);
+        return failed("cannot check", error);
+    }
+    // close() reports write-back errors some file systems (NFS) only detect there.
+    if (::close(fd) != 0) return failed("cannot close", errno);
+    if (static_cast<uint64_t>(written.st_size) != bytes.size()) {
+        ::unlink(temp.c_str());
+        return temp + " holds " + std::to_string(written.st_size) + " of " +
+               std::to_string(bytes.size()) + " bytes";
+    }
+    if (::rename(temp.c_str(), path.c_str()) != 0) return failed("cannot rename", errno);
+    return {};
 }
 
 struct ShadercCompiler {
@@ -304,24 +361,16 @@ void VulkanDevice::savePipelineCache() noexcept {
         data.resize(size);
         const uint64_t byteCount = size;
         const uint64_t hash = fnv1a(data.data(), data.size());
-        // Temp file + rename: another process sees the old file or the new one, never half.
-        std::random_device random;
-        const std::string temp =
-            path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(random());
-        {
-            std::ofstream file(temp, std::ios::binary | std::ios::trunc);
-            file.write(kCacheMagic, sizeof kCacheMagic);
-            file.write(reinterpret_cast<const char *>(&byteCount), sizeof byteCount);
-            file.write(reinterpret_cast<const char *>(&hash), sizeof hash);
-            file.write(reinterpret_cast<const char *>(data.data()),
-                       static_cast<std::streamsize>(data.size()));
-            if (!file) {
-                plugin_.log(BP_LOG_WARN, "cannot write pipeline cache " + temp);
-                std::filesystem::remove(temp);
-                return;
-            }
+        std::vector<unsigned char> file(sizeof kCacheMagic + 2 * sizeof(uint64_t));
+        std::memcpy(file.data(), kCacheMagic, sizeof kCacheMagic);
+        std::memcpy(file.data() + sizeof kCacheMagic, &byteCount, sizeof byteCount);
+        std::memcpy(file.data() + sizeof kCacheMagic + sizeof byteCount, &hash, sizeof hash);
+        file.insert(file.end(), data.begin(), data.end());
+        if (const std::string failure = publishFile(path, file); !failure.empty()) {
+            plugin_.log(BP_LOG_WARN, "cannot save the pipeline cache " + path + " (" + failure +
+                                         "); the previous file, if any, is kept");
+            return;
         }
-        std::filesystem::rename(temp, path);
         plugin_.log(BP_LOG_DEBUG, "pipeline cache saved to " + path + " (" +
                                       std::to_string(size) + " bytes)");
     } catch (const std::exception &e) {

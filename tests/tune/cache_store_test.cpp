@@ -5,7 +5,10 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 using namespace backplane;
 using namespace tunetest;
@@ -153,7 +156,7 @@ TEST_CASE("usage counts files per kind and clear removes one kind") {
     store.store(CacheKind::Kernels, "b", std::string(100, 'b'));
     store.store(CacheKind::Tune, "t", "{}");
     const auto usage = store.usage();
-    REQUIRE(usage.size() == 3);
+    REQUIRE(usage.size() == kCacheKindCount);
     CHECK(std::string(toString(usage[0].kind)) == "kernels");
     CHECK(usage[0].files == 2);
     CHECK(usage[0].bytes > 200);
@@ -207,4 +210,81 @@ TEST_CASE("the kernel cache round-trips blobs, and keeps them in memory when dis
     detail::storeCachedKernel(memoryOnly, "k", blob);
     CHECK(detail::loadCachedKernel(memoryOnly, "k") == blob);
     CHECK(CacheStore::forConfig(memoryOnly).directory().empty());
+}
+
+TEST_CASE("a writer racing cache clear keeps persisting, and clear never fails meanwhile") {
+    TempDir dir;
+    // Two stores on one directory, as a program and `backplane cache clear` in another process.
+    CacheStore writer(dir.path());
+    CacheStore clearer(dir.path());
+    LogCapture logs(log::Subsystem::Cache);
+    std::atomic<bool> writing{true};
+    std::atomic<int> clears{0};
+    std::string clearError;
+    std::thread clearing([&] {
+        while (writing.load()) {
+            try {
+                clearer.clear(CacheKind::Kernels);
+                clears.fetch_add(1);
+            } catch (const std::exception &e) {
+                clearError = e.what();
+                return;
+            }
+        }
+    });
+    // Until both sides did enough rounds for the clears to hit every step of a store.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (int i = 0; (i < 200 || clears.load() < 200) && std::chrono::steady_clock::now() < deadline;
+         ++i)
+        writer.store(CacheKind::Kernels, "key " + std::to_string(i % 16), std::string(512, 'w'));
+    writing.store(false);
+    clearing.join();
+    INFO("clears: " << clears.load() << "; clear threw: " << clearError);
+    CHECK(clearError.empty());
+    CHECK(clears.load() > 0);
+    // The directory vanished under the writer many times; it still writes to disk.
+    CHECK(writer.persistent());
+    CHECK(logs.messages().empty());
+    CHECK(writer.store(CacheKind::Kernels, "final", "persisted"));
+    CHECK(CacheStore(dir.path()).load(CacheKind::Kernels, "final") == bytesOf("persisted"));
+}
+
+TEST_CASE("clears racing each other never fail on files the other removed") {
+    TempDir dir;
+    constexpr int kFiles = 1000;
+    constexpr int kClearers = 4;
+    for (int round = 0; round < 3; ++round) {
+        // Files of any content: clear removes whatever is in the kind's directory.
+        const auto tuneDir = dir.path() / "tune";
+        std::filesystem::create_directories(tuneDir / "nested");
+        for (int i = 0; i < kFiles; ++i)
+            writeAll(tuneDir / (i % 10 == 0 ? "nested" : "") / ("t" + std::to_string(i) + ".json"),
+                     bytesOf("{}"));
+        std::atomic<int> ready{0};
+        std::vector<uint64_t> removed(kClearers, 0);
+        std::vector<std::string> errors(kClearers);
+        std::vector<std::thread> threads;
+        for (int c = 0; c < kClearers; ++c)
+            threads.emplace_back([&, c] {
+                CacheStore mine(dir.path());
+                ready.fetch_add(1);
+                while (ready.load() < kClearers)
+                    std::this_thread::yield();
+                try {
+                    removed[c] = mine.clear(CacheKind::Tune);
+                } catch (const std::exception &e) {
+                    errors[c] = e.what();
+                }
+            });
+        for (std::thread &t : threads)
+            t.join();
+        uint64_t total = 0;
+        for (int c = 0; c < kClearers; ++c) {
+            INFO("round " << round << ", clearer " << c << ": " << errors[c]);
+            CHECK(errors[c].empty());
+            total += removed[c];
+        }
+        CHECK(total == kFiles); // each file counted by the one clear that removed it
+        CHECK(!std::filesystem::exists(dir.path() / "tune"));
+    }
 }

@@ -304,3 +304,102 @@ TEST_CASE("tuning records survive a JSON round trip") {
     CHECK(back.results[1].error == "boom");
     CHECK_THROWS_AS(tune::Tuner::fromJson("{\"set\": 3}", "test"), Error);
 }
+
+TEST_CASE("a stored record naming a candidate the set does not have is ignored and re-tuned") {
+    TempDir dir;
+    CacheStore store(dir.path());
+    SleepSet set = sleepers();
+    {
+        tune::Tuner tuner(tunerOptions(&store));
+        CHECK(tuner.execute(set, Problem{100}) == "fast");
+    }
+    const std::string id =
+        tune::Tuner::storeKey("sleepers", "n=128", "test-device", set.info().checksum);
+    const std::string file = store.entryPath(CacheKind::Tune, id).string();
+    // Hand-edited (or from an older version): a winner no candidate is called any more, through
+    // the store so the entry's checksum is valid. Trusting its order would run "slow" first.
+    const auto payload = store.load(CacheKind::Tune, id);
+    REQUIRE(payload);
+    tune::TuneRecord edited = tune::Tuner::fromJson(
+        std::string_view(reinterpret_cast<const char *>(payload->data()), payload->size()), file);
+    edited.winner = "turbo";
+    edited.ranking = {"turbo", "slow", "fast", "medium"};
+    REQUIRE(store.store(CacheKind::Tune, id, tune::Tuner::toJson(edited)));
+
+    LogCapture logs(log::Subsystem::Tune);
+    tune::Tuner tuner(tunerOptions(&store));
+    CHECK(!tuner.lookup(set.info(), "n=128"));
+    CHECK(tuner.execute(set, Problem{100}) == "fast");
+    CHECK(tuner.counters().persistentHits == 0);
+    CHECK(tuner.counters().tunings == 1);
+    const auto messages = logs.messages();
+    REQUIRE(!messages.empty());
+    CHECK(messages[0].find("'turbo'") != std::string::npos);
+    CHECK(messages[0].find(file) != std::string::npos);
+    // The re-tuned record replaced the edited one.
+    const auto stored = tuner.lookup(set.info(), "n=128");
+    REQUIRE(stored);
+    CHECK(stored->winner == "fast");
+    CacheStore reread(dir.path());
+    tune::Tuner next(tunerOptions(&reread));
+    CHECK(next.execute(set, Problem{100}) == "fast");
+    CHECK(next.counters().persistentHits == 1);
+}
+
+TEST_CASE("malformed tuning records are errors naming the record and the field") {
+    const std::string head = R"({"set":"s","key":"k","device":"d","checksum":"c","winner":"x",)"
+                             R"("ranking":["x"],)";
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    const std::pair<std::string, std::string> cases[] = {
+        {"", "test-record"},
+        {"[1, 2]", "/: expected an object"},
+        {R"({"set": 3})", "/set: expected a string"},
+        {head + R"("results": [{"name": "x", "ok": true, "samples": 1e300}]})",
+         "/results/0/samples: expected an integer"},
+        {head + R"("results": [{"name": "x", "ok": true, "samples": -1}]})",
+         "/results/0/samples: expected an integer"},
+        {head + R"("results": [{"name": "x", "ok": true, "min_ns": 1e999}]})", "/results/0/min_ns"},
+        {head + R"("results": [{"name": "x", "ok": "yes"}]})", "/results/0/ok: expected true"},
+        {head + R"("results": {"name": "x"}})", "/results: expected an array"},
+        {head + R"("results": [7]})", "/results/0: expected an object"},
+        {R"({"set":"s","key":"k","device":"d","checksum":"c","winner":"x","ranking":[1]})",
+         "/ranking/0: expected a candidate name"},
+        {R"({"set":"s","key":"k","device":"d","checksum":"c","winner":"x","ranking":["y"]})",
+         "/ranking: must start with the winner"},
+        {R"({"set":"s","key":"k","device":"d","checksum":"c","winner":"x"})", "/ranking"},
+        {"{\"set\": \"\xff\xfe\"}", "test-record"},
+        {head + R"("results": [)" + deep + "]}", "nesting deeper"},
+        {head.substr(0, 40), "test-record"},
+    };
+    for (const auto &[text, expected] : cases) {
+        INFO("record: " << text.substr(0, 120));
+        std::string message;
+        try {
+            tune::Tuner::fromJson(text, "test-record");
+        } catch (const Error &e) {
+            CHECK(std::string(toString(e.code())) == "config");
+            message = e.what();
+        } catch (const std::exception &e) {
+            FAIL("not a backplane::Error: " << e.what());
+        }
+        CHECK(message.rfind("test-record", 0) == 0);
+        CHECK(message.find(expected) != std::string::npos);
+    }
+}
+
+TEST_CASE("candidate names that are not UTF-8 are stored without an exception escaping") {
+    TempDir dir;
+    CacheStore store(dir.path());
+    tune::Tuner tuner(tunerOptions(&store));
+    SleepSet set("latin1", problemKey);
+    set.add("caf\xe9-slow", [](const Problem &) {
+        sleepMs(3);
+        return std::string("slow");
+    });
+    set.add("caf\xe9-fast", [](const Problem &) {
+        sleepMs(1);
+        return std::string("fast");
+    });
+    CHECK(tuner.execute(set, Problem{100}) == "fast");
+    CHECK(tuner.counters().tunings == 1);
+}

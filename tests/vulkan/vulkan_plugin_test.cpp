@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <vector>
 
@@ -857,11 +859,20 @@ void main() { xs[1].x[0] = 1u; }
 
 namespace {
 
-/// Child process of the pipeline-cache test: open, build a pipeline, close (which saves).
-int pipelineCacheChild(const std::string &dir) {
+/// Child process of the pipeline-cache tests: open, build a pipeline, close (which saves).
+/// `mode` "fsize=N": no file of this process may grow beyond N bytes (RLIMIT_FSIZE, SIGXFSZ
+/// ignored, so a write fails with EFBIG as on a full disk); "vanish": the cache directory is
+/// removed before the device closes (as `backplane cache clear` may do).
+int pipelineCacheChild(const std::string &dir, const std::string &mode) {
     installLogSink();
     doctest::Context context; // assertions of the helpers run outside a test case here
     context.setAsDefaultForAssertsOutOfTestCases();
+    if (mode.rfind("fsize=", 0) == 0) {
+        std::signal(SIGXFSZ, SIG_IGN);
+        const rlim_t bytes = std::stoull(mode.substr(6));
+        const rlimit limit{bytes, bytes};
+        if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 13;
+    }
     {
         Device d(openPlugin(dir));
         bp_stream *s = d.stream();
@@ -872,15 +883,35 @@ int pipelineCacheChild(const std::string &dir) {
         d.free(x);
         d.api->kernel_release(d.device, k);
         d.destroy(s);
+        if (mode == "vanish") fs::remove_all(dir);
     }
     std::printf("cache-loads=%d cache-ignored=%d\n", gCacheLoads.load(), gCacheIgnored.load());
     return gCacheLoads.load() > 0 ? 10 : (gCacheIgnored.load() > 0 ? 11 : 12);
 }
 
-int runChild(const fs::path &dir) {
-    const std::string command = "'" + gSelf + "' --pipeline-cache-child '" + dir.string() + "'";
+int runChild(const fs::path &dir, const std::string &mode = "normal") {
+    const std::string command =
+        "'" + gSelf + "' --pipeline-cache-child '" + dir.string() + "' " + mode;
     const int status = std::system(command.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<unsigned char> fileBytes(const fs::path &path) {
+    std::vector<unsigned char> bytes;
+    if (std::FILE *f = std::fopen(path.c_str(), "rb")) {
+        unsigned char buffer[4096];
+        for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, f)) > 0;)
+            bytes.insert(bytes.end(), buffer, buffer + n);
+        std::fclose(f);
+    }
+    return bytes;
+}
+
+std::vector<fs::path> filesIn(const fs::path &dir) {
+    std::vector<fs::path> files;
+    for (const auto &entry : fs::directory_iterator(dir))
+        files.push_back(entry.path());
+    return files;
 }
 
 } // namespace
@@ -905,6 +936,40 @@ TEST_CASE("the pipeline cache is written at close and reused by a second process
         std::fclose(f);
     }
     CHECK(runChild(dir) == 11);
+    CHECK(runChild(dir) == 10);
+    fs::remove_all(dir);
+}
+
+TEST_CASE("a pipeline cache that cannot be written whole leaves the previous file and no "
+          "temporary file") {
+    const fs::path dir =
+        fs::temp_directory_path() / ("bp-vulkan-full-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    CHECK(runChild(dir) == 12);
+    auto files = filesIn(dir);
+    REQUIRE(files.size() == 1);
+    const std::vector<unsigned char> previous = fileBytes(files[0]);
+    REQUIRE(previous.size() > 41);
+    // A disk with room for 40 bytes: the save fails (at write, flush or close) after the child
+    // loaded the previous file.
+    CHECK(runChild(dir, "fsize=40") == 10);
+    files = filesIn(dir);
+    REQUIRE(files.size() == 1); // no temporary file left
+    CHECK(fileBytes(files[0]) == previous);
+    CHECK(runChild(dir) == 10); // and it is still used
+    fs::remove_all(dir);
+}
+
+TEST_CASE("a pipeline cache directory removed while the device is open is created again at "
+          "close") {
+    const fs::path dir =
+        fs::temp_directory_path() / ("bp-vulkan-vanish-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    CHECK(runChild(dir, "vanish") == 12);
+    REQUIRE(fs::is_directory(dir));
+    CHECK(filesIn(dir).size() == 1);
     CHECK(runChild(dir) == 10);
     fs::remove_all(dir);
 }
@@ -997,8 +1062,8 @@ TEST_CASE("the validation layer reported no errors") {
 
 int main(int argc, char **argv) {
     gSelf = fs::read_symlink("/proc/self/exe").string();
-    if (argc == 3 && std::string(argv[1]) == "--pipeline-cache-child")
-        return pipelineCacheChild(argv[2]);
+    if (argc == 4 && std::string(argv[1]) == "--pipeline-cache-child")
+        return pipelineCacheChild(argv[2], argv[3]);
     installLogSink();
     // A missing layer is the machine's setup, not absent hardware: without it the last test
     // case would count zero errors from a layer that never ran.

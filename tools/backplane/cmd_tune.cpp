@@ -1,6 +1,8 @@
 // `backplane tune list|clear|export FILE|import FILE`: inspect and ship autotune results.
 #include "commands.hpp"
 
+#include "input/json_input.hpp"
+
 #include <backplane/cache.hpp>
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>
@@ -11,7 +13,6 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
-#include <sstream>
 
 namespace backplane::tool {
 namespace {
@@ -45,12 +46,19 @@ std::vector<tune::TuneRecord> records(const CacheStore &store) {
     return out;
 }
 
+/// A record as a JSON value (its own serialisation, read back through the bounded reader).
+nlohmann::json recordJson(const tune::TuneRecord &record) {
+    return detail::parseJson(tune::Tuner::toJson(record), "tuning record " + record.set,
+                             detail::kRecordJsonLimits, ErrorCode::Internal);
+}
+
 int list(const CacheStore &store, bool json) {
     const auto all = records(store);
     if (json) {
         nlohmann::json j = nlohmann::json::array();
-        for (const auto &r : all) j.push_back(nlohmann::json::parse(tune::Tuner::toJson(r)));
-        std::printf("%s\n", j.dump(2).c_str());
+        for (const auto &r : all)
+            j.push_back(recordJson(r));
+        std::printf("%s\n", detail::dumpJson(j, 2).c_str());
         return 0;
     }
     std::printf("%zu tuning results in %s\n", all.size(),
@@ -68,43 +76,51 @@ int exportBundle(const CacheStore &store, const std::string &file) {
                              {"entries", nlohmann::json::array()}};
     const auto all = records(store);
     for (const auto &r : all)
-        bundle["entries"].push_back(nlohmann::json::parse(tune::Tuner::toJson(r)));
+        bundle["entries"].push_back(recordJson(r));
     std::ofstream out(file, std::ios::trunc);
-    out << bundle.dump(2) << "\n";
+    out << detail::dumpJson(bundle, 2) << "\n";
     if (!out)
         throw Error(ErrorCode::InvalidArgument, "cannot write " + file + "; check the path");
     std::printf("exported %zu tuning results to %s\n", all.size(), file.c_str());
     return 0;
 }
 
+/// `value` as JSON text for a message; never throws.
+std::string shown(const nlohmann::json *value) {
+    return value == nullptr ? std::string("missing") : detail::dumpJson(*value);
+}
+
 int importBundle(CacheStore &store, const std::string &file, bool force) {
-    std::ifstream in(file);
-    if (!in) throw Error(ErrorCode::NotFound, "cannot read " + file);
-    std::stringstream text;
-    text << in.rdbuf();
-    nlohmann::json bundle;
-    try {
-        bundle = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::exception &e) {
-        throw Error(ErrorCode::Config, file + ": not JSON (" + e.what() + ")");
-    }
-    if (!bundle.is_object() || bundle.value("format", "") != kBundleFormat ||
-        !bundle.contains("entries") || !bundle["entries"].is_array())
+    // Bounded (size, depth) and total: any malformed input is one Error naming file and pointer.
+    const nlohmann::json bundle =
+        detail::readJsonFile(file, detail::kRecordJsonLimits, ErrorCode::Config);
+    const auto member = [&](const char *name) -> const nlohmann::json * {
+        if (!bundle.is_object()) return nullptr;
+        const auto it = bundle.find(name);
+        return it == bundle.end() ? nullptr : &*it;
+    };
+    const nlohmann::json *format = member("format");
+    const nlohmann::json *entries = member("entries");
+    if (format == nullptr || !format->is_string() || *format != kBundleFormat ||
+        entries == nullptr || !entries->is_array())
         throw Error(ErrorCode::Config, file + ": /format: not a " + std::string(kBundleFormat) +
                                            " (made by `backplane tune export`)");
-    if (bundle.value("format_version", 0) != kBundleVersion)
-        throw Error(ErrorCode::Config, file + ": /format_version: " +
-                                           bundle.value("format_version", nlohmann::json()).dump() +
+    const nlohmann::json *formatVersion = member("format_version");
+    if (formatVersion == nullptr || !formatVersion->is_number_integer() ||
+        *formatVersion != kBundleVersion)
+        throw Error(ErrorCode::Config, file + ": /format_version: " + shown(formatVersion) +
                                            ", this backplane reads " +
                                            std::to_string(kBundleVersion));
-    const std::string version = bundle.value("backplane", "");
+    const nlohmann::json *made = member("backplane");
+    const std::string version =
+        made != nullptr && made->is_string() ? made->get<std::string>() : shown(made);
     if (version != BACKPLANE_VERSION && !force)
         throw Error(ErrorCode::Config,
                     file + ": /backplane: made by backplane " + version + ", this is " +
                         BACKPLANE_VERSION + "; its kernels may differ. Re-tune, or pass --force");
     size_t count = 0;
-    for (size_t i = 0; i < bundle["entries"].size(); ++i) {
-        const auto record = tune::Tuner::fromJson(bundle["entries"][i].dump(),
+    for (size_t i = 0; i < entries->size(); ++i) {
+        const auto record = tune::Tuner::fromJson(detail::dumpJson((*entries)[i]),
                                                   file + ": /entries/" + std::to_string(i));
         store.store(CacheKind::Tune,
                     tune::Tuner::storeKey(record.set, record.key, record.device, record.checksum),

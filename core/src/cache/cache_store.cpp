@@ -3,6 +3,8 @@
 #include <backplane/error.hpp>
 #include <backplane/log.hpp>
 
+#include "cache/cache_entry.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -26,6 +28,8 @@ constexpr uint32_t kFormatVersion = 1;
 /// magic, format version, key size, payload size, checksum.
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 8 + 8;
 constexpr const char *kTempPrefix = ".tmp-";
+/// How often store() re-creates a directory that vanished under it before giving up this once.
+constexpr int kPublishAttempts = 8;
 
 constexpr const char *kKindNames[kCacheKindCount] = {"kernels", "tune", "pipelines", "probes"};
 constexpr const char *kKindExtensions[kCacheKindCount] = {".bin", ".json", "", ".json"};
@@ -78,42 +82,116 @@ std::optional<std::vector<unsigned char>> readFile(const fs::path &path) {
     return data;
 }
 
-/// Writes `bytes` to a fresh temporary file next to `target`, fsyncs it and renames it over
-/// `target`. rename() within one directory is atomic on POSIX file systems, so a concurrent
-/// reader sees either the old file or the new one. Returns "" or the failure (errno text).
-std::string publishFile(const fs::path &target, const std::vector<unsigned char> &bytes) {
+/// Writes `bytes` to a fresh temporary file next to `target`, fsyncs, closes and size-checks it,
+/// and renames it over `target`. rename() within one directory is atomic on POSIX file systems, so
+/// a concurrent reader sees either the old file or the new one. Returns "" or the failure (errno
+/// text); `error` is the errno (ENOENT: the directory vanished, e.g. under `cache clear`). Any
+/// failure removes the temporary file.
+std::string publishFile(const fs::path &target, const std::vector<unsigned char> &bytes,
+                        int &error) {
     static std::atomic<uint64_t> counter{0};
     const fs::path temp =
         target.parent_path() /
         (std::string(kTempPrefix) + std::to_string(::getpid()) + "-" +
          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()) % 1000000) +
          "-" + std::to_string(counter.fetch_add(1)) + "-" + target.filename().string());
+    const auto failed = [&](const char *step, int code) {
+        ::unlink(temp.c_str());
+        error = code;
+        return std::string(step) + " " + temp.string() + ": " + std::strerror(code);
+    };
     const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return "cannot create " + temp.string() + ": " + std::strerror(errno);
+    if (fd < 0) {
+        error = errno;
+        return "cannot create " + temp.string() + ": " + std::strerror(error);
+    }
     size_t done = 0;
     while (done < bytes.size()) {
         const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            const std::string reason = "cannot write " + temp.string() + ": " + std::strerror(errno);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            const int code = n < 0 ? errno : ENOSPC;
             ::close(fd);
-            ::unlink(temp.c_str());
-            return reason;
+            return failed("cannot write", code);
         }
         done += static_cast<size_t>(n);
     }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        const std::string reason = "cannot flush " + temp.string() + ": " + std::strerror(errno);
-        ::unlink(temp.c_str());
-        return reason;
+    struct stat written {};
+    if (::fsync(fd) != 0 || ::fstat(fd, &written) != 0) {
+        const int code = errno;
+        ::close(fd);
+        return failed("cannot flush", code);
     }
+    if (::close(fd) != 0) return failed("cannot close", errno);
+    if (static_cast<uint64_t>(written.st_size) != bytes.size())
+        return failed("incomplete write of", ENOSPC);
     if (::rename(temp.c_str(), target.c_str()) != 0) {
-        const std::string reason = "cannot rename " + temp.string() + " to " + target.string() +
-                                   ": " + std::strerror(errno);
-        ::unlink(temp.c_str());
-        return reason;
+        const int code = errno;
+        const std::string reason = failed("cannot rename", code);
+        return reason + " (to " + target.string() + ")";
     }
+    error = 0;
     return {};
+}
+
+/// Removes `dir` and everything in it while other threads and processes may be writing into it
+/// or clearing it too. A file or directory that vanished was removed by someone else: success. A
+/// directory that a writer refilled meanwhile is walked again a few times; entries written after
+/// that stay (they were stored during the clear). Returns the number of files this call removed;
+/// throws Error(Internal) naming the path on any other failure (permission, I/O).
+uint64_t removeTree(const fs::path &dir) {
+    const auto fail = [](const fs::path &path, int code) {
+        throw Error(ErrorCode::Internal, "cannot clear cache directory: cannot remove " +
+                                             path.string() + ": " + std::strerror(code) +
+                                             "; remove it by hand");
+    };
+    uint64_t files = 0;
+    for (int pass = 0; pass < 4; ++pass) {
+        std::vector<fs::path> dirs;
+        std::vector<fs::path> pending{dir};
+        while (!pending.empty()) {
+            const fs::path current = std::move(pending.back());
+            pending.pop_back();
+            std::error_code ec;
+            fs::directory_iterator it(current, ec);
+            if (ec) {
+                if (ec.value() == ENOENT) continue;
+                if (ec.value() == ENOTDIR) { // a file where a directory was expected
+                    if (::unlink(current.c_str()) == 0)
+                        ++files;
+                    else if (errno != ENOENT)
+                        fail(current, errno);
+                    continue;
+                }
+                fail(current, ec.value());
+            }
+            dirs.push_back(current);
+            for (; it != fs::directory_iterator(); it.increment(ec)) {
+                std::error_code typeError;
+                if (it->symlink_status(typeError).type() == fs::file_type::directory) {
+                    pending.push_back(it->path());
+                    continue;
+                }
+                if (::unlink(it->path().c_str()) == 0)
+                    ++files;
+                else if (errno == EISDIR)
+                    pending.push_back(it->path()); // replaced meanwhile
+                else if (errno != ENOENT)
+                    fail(it->path(), errno);
+            }
+            if (ec && ec.value() != ENOENT) fail(current, ec.value());
+        }
+        bool refilled = false;
+        for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+            if (::rmdir(it->c_str()) == 0 || errno == ENOENT) continue;
+            if (errno == ENOTEMPTY || errno == EEXIST)
+                refilled = true;
+            else
+                fail(*it, errno);
+        }
+        if (!refilled) break;
+    }
+    return files;
 }
 
 enum class Parse { Ok, Corrupt, OtherFormat, OtherKey };
@@ -152,9 +230,9 @@ Parse parseEntry(const std::vector<unsigned char> &file, std::string_view fullKe
 
 std::vector<unsigned char> encodeEntry(std::string_view fullKey,
                                        std::span<const unsigned char> payload) {
-    std::vector<unsigned char> out;
+    // Starts from the magic (not reserve + insert: GCC 12 warns about that falsely when inlined).
+    std::vector<unsigned char> out(kMagic, kMagic + sizeof kMagic);
     out.reserve(kHeaderSize + fullKey.size() + payload.size());
-    out.insert(out.end(), kMagic, kMagic + sizeof kMagic);
     putU32(out, kFormatVersion);
     putU32(out, static_cast<uint32_t>(fullKey.size()));
     putU64(out, payload.size());
@@ -171,6 +249,13 @@ std::vector<unsigned char> encodeEntry(std::string_view fullKey,
 std::string versionPrefix() { return std::string("backplane ") + BACKPLANE_VERSION + "\n"; }
 
 } // namespace
+
+detail::CacheEntryView detail::parseCacheEntry(std::span<const unsigned char> file) {
+    CacheEntryView view;
+    view.ok = parseEntry(std::vector<unsigned char>(file.begin(), file.end()), {}, view.key,
+                         view.payload, view.problem) == Parse::Ok;
+    return view;
+}
 
 const char *toString(CacheKind kind) noexcept { return kKindNames[static_cast<int>(kind)]; }
 
@@ -288,13 +373,28 @@ bool CacheStore::store(CacheKind kind, std::string_view key,
     }
     const fs::path path = entryPath(kind, key);
     std::string reason;
-    std::error_code ec;
-    fs::create_directories(path.parent_path(), ec);
-    if (ec)
-        reason = "cannot create " + path.parent_path().string() + ": " + ec.message();
-    else
-        reason = publishFile(path, encodeEntry(full, payload));
-    if (reason.empty()) return true;
+    int error = 0;
+    // `cache clear` (another process, or this one) may remove the directory at any moment, even
+    // between creating it and renaming into it: a vanished directory is created again and the
+    // write retried, and never degrades the store.
+    for (int attempt = 0; attempt < kPublishAttempts; ++attempt) {
+        std::error_code ec;
+        fs::create_directories(path.parent_path(), ec);
+        if (ec) {
+            error = ec.value();
+            reason = "cannot create " + path.parent_path().string() + ": " + ec.message();
+        } else {
+            reason = publishFile(path, encodeEntry(full, payload), error);
+        }
+        if (reason.empty()) return true;
+        if (error != ENOENT) break;
+    }
+    if (error == ENOENT) {
+        // Cleared again at every attempt: this one entry is skipped, the next store tries anew.
+        log::write(log::Subsystem::Cache, log::Level::Debug,
+                   "cache entry " + path.string() + " not stored: " + reason);
+        return false;
+    }
     std::lock_guard lock(mutex_);
     degrade(reason);
     memory_[{kind, full}].assign(payload.begin(), payload.end());
@@ -382,18 +482,7 @@ uint64_t CacheStore::clear(CacheKind kind) {
         std::erase_if(memory_, [kind](const auto &item) { return item.first.first == kind; });
     }
     if (directory_.empty()) return 0;
-    const fs::path dir = directory_ / kKindNames[static_cast<int>(kind)];
-    std::error_code ec;
-    if (!fs::exists(dir, ec)) return 0;
-    uint64_t files = 0;
-    for (auto it = fs::recursive_directory_iterator(dir, ec);
-         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
-        if (it->is_regular_file(ec)) ++files;
-    fs::remove_all(dir, ec);
-    if (ec)
-        throw Error(ErrorCode::Internal, "cannot clear cache directory " + dir.string() + ": " +
-                                             ec.message() + "; remove it by hand");
-    return files;
+    return removeTree(directory_ / kKindNames[static_cast<int>(kind)]);
 }
 
 } // namespace backplane

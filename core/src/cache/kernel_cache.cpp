@@ -15,4 +15,10 @@ void storeCachedKernel(const Config &config, const std::string &key,
     CacheStore::forConfig(config).store(CacheKind::Kernels, key, std::span(blob));
 }
 
+std::string evictCachedKernel(const Config &config, const std::string &key) {
+    CacheStore &store = CacheStore::forConfig(config);
+    store.remove(CacheKind::Kernels, key);
+    return store.entryPath(CacheKind::Kernels, key).string();
+}
+
 } // namespace backplane::detail

@@ -19,4 +19,8 @@ std::optional<std::vector<unsigned char>> loadCachedKernel(const Config &config,
 void storeCachedKernel(const Config &config, const std::string &key,
                        const std::vector<unsigned char> &blob);
 
+/// Removes the entry under `key` (a blob that checks out but that the plugin refused) and returns
+/// the file it lived in, for messages ("" when the cache is memory only). Never throws for I/O.
+std::string evictCachedKernel(const Config &config, const std::string &key);
+
 } // namespace backplane::detail

@@ -375,7 +375,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     args.scalar_size = dispatch.scalars.size();
     Driver *driver = driver_.get();
     if (multi_) {
-        {
+        const auto record = [&] {
             // Recorded right away: the plugin copies what it needs during the call.
             std::lock_guard lock(mutex_);
             submit(slot, std::span(slices.data(), slices.size()), [&](bp_stream *s) {
@@ -383,6 +383,22 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                 args.scalars = dispatch.scalars.empty() ? nullptr : dispatch.scalars.data();
                 driver->launch(s, args, kernel.name);
             });
+        };
+        try {
+            record();
+        } catch (const Error &e) {
+            // A binary from the disk cache may pass kernel_load and fail here (Vulkan builds the
+            // pipeline at the first launch): the registry recompiles it, with no engine lock
+            // held, and the launch is retried once.
+            const KernelRegistry::Recompiled fresh =
+                kernels_.recompileAfterLaunchFailure(kernel, handle, e);
+            if (fresh.kernel == nullptr) throw;
+            args.kernel = fresh.kernel;
+            try {
+                record();
+            } catch (const Error &again) {
+                throw afterDiscardedBinary(again, fresh.discardedFile, kernel.name);
+            }
         }
         throttle(slot);
         return;

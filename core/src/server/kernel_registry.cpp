@@ -1,4 +1,5 @@
-// KernelRegistry: variant choice, in-memory table, disk cache, compiles outside the table's lock.
+// KernelRegistry: variant choice, in-memory table, disk cache and its healing, compiles outside the
+// table's lock.
 #include "server/kernel_registry.hpp"
 
 #include "cache/kernel_cache.hpp"
@@ -7,6 +8,7 @@
 #include <backplane/log.hpp>
 
 #include <cstdio>
+#include <exception>
 
 namespace backplane::detail {
 namespace {
@@ -33,6 +35,14 @@ uint64_t fastKey(const std::string &name, const KernelVariant &variant) {
 
 } // namespace
 
+Error afterDiscardedBinary(const Error &error, const std::string &file,
+                           const std::string &kernelName) {
+    return Error(error.code(),
+                 std::string(error.what()) + " (after discarding the cached binary " + file +
+                     " of kernel '" + kernelName + "' and recompiling it from source)",
+                 error.backend(), error.vendorCode());
+}
+
 KernelRegistry::KernelRegistry(std::shared_ptr<Driver> driver, const Config &config)
     : driver_(std::move(driver)), config_(config) {}
 
@@ -50,6 +60,15 @@ const KernelVariant &KernelRegistry::variantFor(const KernelSource &kernel) cons
                 d.backend);
 }
 
+KernelRegistry::Entry *KernelRegistry::findEntryLocked(uint64_t key, const KernelSource &kernel,
+                                                       const KernelVariant &variant) {
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return nullptr;
+    for (const auto &entry : it->second)
+        if (entry->name == kernel.name && sameVariant(entry->variant, variant)) return entry.get();
+    return nullptr;
+}
+
 bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
     const KernelVariant &variant = variantFor(kernel);
     const uint64_t key = fastKey(kernel.name, variant);
@@ -58,38 +77,35 @@ bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
     std::shared_future<bp_kernel *> pending;
     {
         std::lock_guard lock(mutex_);
-        auto &bucket = entries_[key];
-        for (const auto &entry : bucket)
-            if (entry->name == kernel.name && sameVariant(entry->variant, variant)) {
-                if (entry->ready != nullptr) {
-                    memoryHits_.fetch_add(1, std::memory_order_relaxed);
-                    return entry->ready;
-                }
-                pending = entry->loaded;
-                break;
+        if (Entry *entry = findEntryLocked(key, kernel, variant)) {
+            if (entry->ready != nullptr) {
+                memoryHits_.fetch_add(1, std::memory_order_relaxed);
+                return entry->ready;
             }
-        if (!pending.valid()) {
-            auto entry = std::make_unique<Entry>();
-            entry->variant = variant;
-            entry->name = kernel.name;
-            entry->loaded = promise.get_future().share();
-            mine = entry.get();
-            bucket.push_back(std::move(entry));
+            pending = entry->loaded;
+        } else {
+            auto created = std::make_unique<Entry>();
+            created->variant = variant;
+            created->name = kernel.name;
+            created->loaded = promise.get_future().share();
+            mine = created.get();
+            entries_[key].push_back(std::move(created));
         }
     }
     if (mine == nullptr) {
-        // Ready, or another thread is compiling it: wait for that one (only this caller waits).
+        // Another thread is compiling it (or recompiling it): wait for that one result.
         bp_kernel *handle = pending.get();
         memoryHits_.fetch_add(1, std::memory_order_relaxed);
         return handle;
     }
     try {
-        KernelOwner owner = build(kernel, variant);
-        bp_kernel *handle = owner.get();
+        Built built = build(kernel, variant);
+        bp_kernel *handle = built.kernel.get();
         {
             std::lock_guard lock(mutex_);
-            mine->kernel = std::move(owner);
+            mine->kernel = std::move(built.kernel);
             mine->ready = handle;
+            mine->fromDisk = built.fromDisk;
         }
         promise.set_value(handle);
         return handle;
@@ -102,7 +118,108 @@ bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
     }
 }
 
-KernelOwner KernelRegistry::build(const KernelSource &kernel, const KernelVariant &variant) {
+KernelRegistry::Recompiled KernelRegistry::recompileAfterLaunchFailure(const KernelSource &kernel,
+                                                                       bp_kernel *failed,
+                                                                       const Error &error) {
+    // Launch and Compile are what a plugin reports when it cannot build what a binary says (a
+    // Vulkan pipeline); bad arguments, lost devices and full memory are not the binary's fault.
+    if (error.code() != ErrorCode::Launch && error.code() != ErrorCode::Compile) return {};
+    const KernelVariant &variant = variantFor(kernel);
+    const uint64_t key = fastKey(kernel.name, variant);
+    std::promise<bp_kernel *> promise;
+    std::shared_future<bp_kernel *> pending;
+    Entry *entry = nullptr;
+    {
+        std::lock_guard lock(mutex_);
+        entry = findEntryLocked(key, kernel, variant);
+        if (entry == nullptr) return {};
+        if (entry->discarded == failed) {
+            // Another caller of the same kernel already replaced it (or is replacing it).
+            if (entry->ready != nullptr) return {entry->ready, entry->discardedFile};
+            pending = entry->loaded;
+        } else if (entry->ready == failed && entry->fromDisk) {
+            entry->fromDisk = false;
+            entry->discarded = failed;
+            entry->ready = nullptr; // callers of find() now wait for the recompile
+            entry->loaded = promise.get_future().share();
+        } else {
+            return {};
+        }
+    }
+    if (pending.valid()) {
+        bp_kernel *handle = pending.get();
+        std::lock_guard lock(mutex_);
+        return {handle, entry->discardedFile};
+    }
+
+    // This caller recompiles, with no lock held.
+    const std::string diskKey = diskCacheKey(variant);
+    const std::string file = evictCachedKernel(config_, diskKey);
+    log::write(log::Subsystem::Cache, log::Level::Warn,
+               "kernel '" + kernel.name + "' loaded from the cache file " + file +
+                   " failed at launch (" + error.what() +
+                   "); discarded that file, recompiling the kernel from source");
+    try {
+        KernelOwner fresh = compileAndLoad(kernel, variant, diskKey);
+        bp_kernel *handle = fresh.get();
+        {
+            std::lock_guard lock(mutex_);
+            entry->discardedFile = file;
+            retired_.push_back(std::move(entry->kernel));
+            entry->kernel = std::move(fresh);
+            entry->ready = handle;
+        }
+        promise.set_value(handle);
+        return {handle, file};
+    } catch (...) {
+        std::exception_ptr reported = std::current_exception();
+        try {
+            throw;
+        } catch (const Error &e) {
+            reported = std::make_exception_ptr(afterDiscardedBinary(e, file, kernel.name));
+        } catch (...) {
+        }
+        promise.set_exception(reported);
+        // Like a failed first compile: forget the entry, the next call starts over.
+        {
+            std::lock_guard lock(mutex_);
+            retired_.push_back(std::move(entry->kernel));
+            std::erase_if(entries_[key], [&](const auto &item) { return item.get() == entry; });
+        }
+        std::rethrow_exception(reported);
+    }
+}
+
+KernelRegistry::Built KernelRegistry::build(const KernelSource &kernel,
+                                            const KernelVariant &variant) {
+    const bool portable =
+        driver_->hasCapability(BP_CAPABILITY_PORTABLE_BINARIES) && config_.cacheEnabled;
+    const std::string key = portable ? diskCacheKey(variant) : std::string();
+    if (!portable) return {compileAndLoad(kernel, variant, key), false};
+    auto blob = loadCachedKernel(config_, key);
+    if (!blob) return {compileAndLoad(kernel, variant, key), false};
+    try {
+        KernelOwner loaded = driver_->load(kernel.name, static_cast<bp_dialect>(variant.dialect),
+                                           variant.entryPoint, blob->data(), blob->size());
+        diskHits_.fetch_add(1, std::memory_order_relaxed);
+        return {std::move(loaded), true};
+    } catch (const Error &e) {
+        // Full memory or a lost device say nothing about the binary: keep it.
+        if (e.code() == ErrorCode::OutOfMemory || e.code() == ErrorCode::DeviceLost) throw;
+        const std::string file = evictCachedKernel(config_, key);
+        log::write(log::Subsystem::Cache, log::Level::Warn,
+                   "cached binary " + file + " of kernel '" + kernel.name + "' did not load (" +
+                       e.what() + "); discarded that file, recompiling the kernel from source");
+        try {
+            return {compileAndLoad(kernel, variant, key), false};
+        } catch (const Error &fresh) {
+            throw afterDiscardedBinary(fresh, file, kernel.name);
+        }
+    }
+}
+
+KernelOwner KernelRegistry::compileAndLoad(const KernelSource &kernel, const KernelVariant &variant,
+                                           const std::string &diskKey) {
     const auto dialect = static_cast<bp_dialect>(variant.dialect);
     bp_host_kernel_source hostSource{sizeof(bp_host_kernel_source), variant.hostFunction};
     const void *source = variant.source.data();
@@ -114,29 +231,12 @@ KernelOwner KernelRegistry::build(const KernelSource &kernel, const KernelVarian
         source = &hostSource;
         sourceSize = sizeof(hostSource);
     }
-    const bool portable =
-        driver_->hasCapability(BP_CAPABILITY_PORTABLE_BINARIES) && config_.cacheEnabled;
-    const std::string key = portable ? diskCacheKey(variant) : std::string();
-    if (portable) {
-        if (auto blob = loadCachedKernel(config_, key)) {
-            try {
-                KernelOwner loaded = driver_->load(kernel.name, dialect, variant.entryPoint,
-                                                   blob->data(), blob->size());
-                diskHits_.fetch_add(1, std::memory_order_relaxed);
-                return loaded;
-            } catch (const Error &e) {
-                log::write(log::Subsystem::Cache, log::Level::Warn,
-                           "cached binary of kernel '" + kernel.name +
-                               "' did not load, recompiling: " + e.what());
-            }
-        }
-    }
     CompiledKernel compiled = driver_->compile(kernel.name, dialect, variant.entryPoint, source,
                                                sourceSize, variant.options);
     compiled_.fetch_add(1, std::memory_order_relaxed);
     KernelOwner loaded = driver_->load(kernel.name, dialect, variant.entryPoint,
                                        compiled.binary.data(), compiled.binary.size());
-    if (portable) storeCachedKernel(config_, key, compiled.binary);
+    if (!diskKey.empty()) storeCachedKernel(config_, diskKey, compiled.binary);
     return loaded;
 }
 

@@ -4,6 +4,7 @@
 #include "server/driver.hpp"
 
 #include <backplane/config.hpp>
+#include <backplane/error.hpp>
 #include <backplane/kernel.hpp>
 
 #include <atomic>
@@ -17,18 +18,45 @@
 
 namespace backplane::detail {
 
+/// `error`, raised by a freshly compiled kernel, with a note that the cached binary `file` of
+/// `kernelName` was discarded before (the message a user sees when healing did not help).
+Error afterDiscardedBinary(const Error &error, const std::string &file,
+                           const std::string &kernelName);
+
 /// Compiled and loaded kernels of one device, found by the variant the device accepts. Thread-
 /// safe: its own small lock guards the table only. The first caller of a kernel compiles (or
 /// loads it from the disk cache) without any lock held; other callers of the same kernel wait for
 /// that result, callers of other kernels and the rest of the engine go on. A failed compile is
 /// not cached: the next call tries again.
+///
+/// Cached binaries heal: a blob from the disk cache whose checksum is fine but which the plugin
+/// refuses (at kernel_load, or at a launch: Vulkan builds its pipeline there) is evicted, logged
+/// with its file name, recompiled from source once and stored again, instead of failing every
+/// run until `backplane cache clear`.
 class KernelRegistry {
 public:
     KernelRegistry(std::shared_ptr<Driver> driver, const Config &config);
 
     /// The loaded kernel for `kernel`. Throws Error(Unsupported) when no variant fits the device,
-    /// Error(Compile) with the log when compiling fails.
+    /// Error(Compile) with the log when compiling fails. A cached binary that does not load is
+    /// discarded and the kernel recompiled (see the class comment).
     bp_kernel *find(const KernelSource &kernel);
+
+    /// What recompileAfterLaunchFailure() gives the caller to retry with.
+    struct Recompiled {
+        bp_kernel *kernel = nullptr; ///< the fresh kernel; nullptr: report the launch error as is
+        std::string discardedFile;   ///< the cache file of the binary it replaces
+    };
+
+    /// Called with no engine lock held after a launch of `failed` (a handle find() returned for
+    /// `kernel`) failed with `error`. When that kernel came from the disk cache and the error is
+    /// one a bad binary causes (Launch, Compile), evicts the cache entry (warning naming its
+    /// file), recompiles from source, stores the fresh binary and returns the fresh kernel for one
+    /// retry; that happens once per kernel, and concurrent callers wait for that one recompile.
+    /// Otherwise returns {nullptr}. Throws the recompile's error, naming the discarded file.
+    /// The replaced kernel lives as long as the registry (launches recorded with it may pend).
+    Recompiled recompileAfterLaunchFailure(const KernelSource &kernel, bp_kernel *failed,
+                                           const Error &error);
 
     uint64_t compiled() const noexcept { return compiled_.load(std::memory_order_relaxed); }
     uint64_t memoryHits() const noexcept { return memoryHits_.load(std::memory_order_relaxed); }
@@ -41,16 +69,30 @@ private:
         std::shared_future<bp_kernel *> loaded; ///< for callers that arrive while it compiles
         KernelOwner kernel; ///< set by the compiling thread under the lock
         bp_kernel *ready = nullptr; ///< kernel.get() once loaded (guarded by the lock)
+        bool fromDisk = false;      ///< `kernel` is a disk-cache binary not yet replaced (guarded)
+        bp_kernel *discarded = nullptr; ///< the disk-cache kernel a recompile replaced (guarded)
+        std::string discardedFile;      ///< its cache file (guarded)
+    };
+    struct Built {
+        KernelOwner kernel;
+        bool fromDisk = false;
     };
 
+    Entry *findEntryLocked(uint64_t key, const KernelSource &kernel, const KernelVariant &variant);
     const KernelVariant &variantFor(const KernelSource &kernel) const;
-    KernelOwner build(const KernelSource &kernel, const KernelVariant &variant);
+    Built build(const KernelSource &kernel, const KernelVariant &variant);
+    /// Compiles from source and loads; stores the blob under `diskKey` unless it is empty.
+    KernelOwner compileAndLoad(const KernelSource &kernel, const KernelVariant &variant,
+                               const std::string &diskKey);
     std::string diskCacheKey(const KernelVariant &variant) const;
 
     std::shared_ptr<Driver> driver_;
     Config config_;
     std::mutex mutex_;
     std::unordered_map<uint64_t, std::vector<std::unique_ptr<Entry>>> entries_;
+    /// Kernels replaced after their cached binary failed (guarded by mutex_): launches recorded
+    /// with them may still be pending, so they are released with the registry.
+    std::vector<KernelOwner> retired_;
     std::atomic<uint64_t> compiled_{0};
     std::atomic<uint64_t> memoryHits_{0};
     std::atomic<uint64_t> diskHits_{0};

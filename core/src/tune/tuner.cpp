@@ -1,4 +1,6 @@
 // The tuner: key anchoring, the benchmark schedule, in-memory and persistent decisions.
+#include "input/json_input.hpp"
+
 #include <backplane/log.hpp>
 #include <backplane/tune.hpp>
 
@@ -54,6 +56,18 @@ std::vector<size_t> orderOf(const SetInfo &set, const TuneRecord &record) {
 }
 
 bool stderrIsTerminal() { return ::isatty(STDERR_FILENO) == 1; }
+
+/// The first name in `record`'s ranking or results that is not a candidate of `set`, or "".
+std::string unknownCandidate(const SetInfo &set, const TuneRecord &record) {
+    const auto known = [&](const std::string &name) {
+        return std::find(set.names.begin(), set.names.end(), name) != set.names.end();
+    };
+    for (const std::string &name : record.ranking)
+        if (!known(name)) return name;
+    for (const CandidateResult &result : record.results)
+        if (!known(result.name)) return result.name;
+    return {};
+}
 
 } // namespace
 
@@ -172,43 +186,94 @@ std::string Tuner::toJson(const TuneRecord &record) {
                     {"device", record.device},   {"checksum", record.checksum},
                     {"level", record.level},     {"winner", record.winner},
                     {"ranking", record.ranking}, {"results", results}};
-    return j.dump(2);
+    // Candidate names are the caller's strings: invalid UTF-8 is replaced, never thrown about.
+    return detail::dumpJson(j, 2);
 }
 
 TuneRecord Tuner::fromJson(std::string_view json, std::string_view what) {
-    try {
-        const Json j = Json::parse(json);
-        TuneRecord r;
-        r.set = j.at("set").get<std::string>();
-        r.key = j.at("key").get<std::string>();
-        r.device = j.at("device").get<std::string>();
-        r.checksum = j.at("checksum").get<std::string>();
-        r.level = j.value("level", "");
-        r.winner = j.at("winner").get<std::string>();
-        r.ranking = j.at("ranking").get<std::vector<std::string>>();
-        if (j.contains("results"))
-            for (const auto &item : j.at("results")) {
-                CandidateResult c;
-                c.name = item.at("name").get<std::string>();
-                c.ok = item.at("ok").get<bool>();
-                c.error = item.value("error", "");
-                c.eliminated = item.value("eliminated", false);
-                c.samples = item.value("samples", 0u);
-                c.min = Nanos(item.value("min_ns", int64_t{0}));
-                c.median = Nanos(item.value("median_ns", int64_t{0}));
-                c.score = Nanos(item.value("score_ns", int64_t{0}));
-                r.results.push_back(std::move(c));
-            }
-        if (r.ranking.empty() || r.ranking.front() != r.winner)
-            throw Error(ErrorCode::Config, "ranking must start with the winner");
-        return r;
-    } catch (const Json::exception &e) {
-        throw Error(ErrorCode::Config,
-                    std::string(what) + ": not a tuning record (" + e.what() + ")");
-    } catch (const Error &e) {
-        throw Error(ErrorCode::Config, std::string(what) + ": not a tuning record (" +
-                                           e.what() + ")");
+    const std::string origin(what);
+    // Syntax, numbers out of range, invalid UTF-8, size and depth: one Error naming the pointer.
+    const Json j = detail::parseJson(json, origin, detail::kRecordJsonLimits, ErrorCode::Config);
+    const auto invalid = [&](const std::string &pointer, const std::string &problem) {
+        return Error(ErrorCode::Config,
+                     origin + ": " + pointer + ": " + problem + " (not a tuning record)");
+    };
+    const auto object = [&](const Json &value, const std::string &pointer) -> const Json & {
+        if (!value.is_object())
+            throw invalid(pointer.empty() ? "/" : pointer, "expected an object");
+        return value;
+    };
+    const auto text = [&](const Json &parent, const std::string &pointer, const char *name,
+                          bool required) -> std::string {
+        const auto it = parent.find(name);
+        if (it == parent.end()) {
+            if (required) throw invalid(pointer + "/" + name, "missing");
+            return {};
+        }
+        if (!it->is_string()) throw invalid(pointer + "/" + name, "expected a string");
+        return it->get<std::string>();
+    };
+    // Counts and times: integers only (a float such as 1e300 has no integer value to convert to).
+    const auto integer = [&](const Json &parent, const std::string &pointer, const char *name,
+                             int64_t max) -> int64_t {
+        const auto it = parent.find(name);
+        if (it == parent.end()) return 0;
+        const bool fits = it->is_number_unsigned()  ? it->get<uint64_t>() <= uint64_t(max)
+                          : it->is_number_integer() ? it->get<int64_t>() >= 0
+                                                    : false;
+        if (!fits)
+            throw invalid(pointer + "/" + name,
+                          "expected an integer from 0 to " + std::to_string(max));
+        return it->get<int64_t>();
+    };
+    const auto flag = [&](const Json &parent, const std::string &pointer, const char *name,
+                          bool required) -> bool {
+        const auto it = parent.find(name);
+        if (it == parent.end()) {
+            if (required) throw invalid(pointer + "/" + name, "missing");
+            return false;
+        }
+        if (!it->is_boolean()) throw invalid(pointer + "/" + name, "expected true or false");
+        return it->get<bool>();
+    };
+
+    object(j, "");
+    TuneRecord r;
+    r.set = text(j, "", "set", true);
+    r.key = text(j, "", "key", true);
+    r.device = text(j, "", "device", true);
+    r.checksum = text(j, "", "checksum", true);
+    r.level = text(j, "", "level", false);
+    r.winner = text(j, "", "winner", true);
+    const auto ranking = j.find("ranking");
+    if (ranking == j.end() || !ranking->is_array())
+        throw invalid("/ranking", "expected an array of candidate names");
+    for (size_t i = 0; i < ranking->size(); ++i) {
+        const Json &name = (*ranking)[i];
+        if (!name.is_string())
+            throw invalid("/ranking/" + std::to_string(i), "expected a candidate name");
+        r.ranking.push_back(name.get<std::string>());
     }
+    if (r.ranking.empty() || r.ranking.front() != r.winner)
+        throw invalid("/ranking", "must start with the winner '" + r.winner + "'");
+    if (const auto results = j.find("results"); results != j.end()) {
+        if (!results->is_array()) throw invalid("/results", "expected an array");
+        for (size_t i = 0; i < results->size(); ++i) {
+            const std::string pointer = "/results/" + std::to_string(i);
+            const Json &item = object((*results)[i], pointer);
+            CandidateResult c;
+            c.name = text(item, pointer, "name", true);
+            c.ok = flag(item, pointer, "ok", true);
+            c.error = text(item, pointer, "error", false);
+            c.eliminated = flag(item, pointer, "eliminated", false);
+            c.samples = static_cast<uint32_t>(integer(item, pointer, "samples", UINT32_MAX));
+            c.min = Nanos(integer(item, pointer, "min_ns", INT64_MAX));
+            c.median = Nanos(integer(item, pointer, "median_ns", INT64_MAX));
+            c.score = Nanos(integer(item, pointer, "score_ns", INT64_MAX));
+            r.results.push_back(std::move(c));
+        }
+    }
+    return r;
 }
 
 // -- the tuner -----------------------------------------------------------------------------------
@@ -251,14 +316,25 @@ std::optional<TuneRecord> Tuner::lookup(const SetInfo &set, const std::string &k
     if (!options_.store) return std::nullopt;
     const auto payload = options_.store->load(CacheKind::Tune, id);
     if (!payload) return std::nullopt;
+    const std::string file = options_.store->entryPath(CacheKind::Tune, id).string();
+    TuneRecord record;
     try {
-        return fromJson(std::string_view(reinterpret_cast<const char *>(payload->data()),
-                                         payload->size()),
-                        options_.store->entryPath(CacheKind::Tune, id).string());
+        record = fromJson(
+            std::string_view(reinterpret_cast<const char *>(payload->data()), payload->size()),
+            file);
     } catch (const Error &e) {
         logTune(log::Level::Warn, std::string(e.what()) + "; ignored");
         return std::nullopt;
     }
+    // The checksum covers the candidate names, so only a hand-edited record (or one of an older
+    // version that hashed alike) can name another; running its order would skip the real winner.
+    if (const std::string unknown = unknownCandidate(set, record); !unknown.empty()) {
+        logTune(log::Level::Warn, "tuning record " + file + " names candidate '" + unknown +
+                                      "', which tunable set '" + set.name +
+                                      "' does not have; ignored, re-tuning");
+        return std::nullopt;
+    }
+    return record;
 }
 
 Tuner::Plan Tuner::plan(const SetInfo &set, const std::string &key, BenchHooks &hooks) {
