@@ -216,6 +216,12 @@ TEST_CASE("hostile JSON is a config error naming the file and pointer, never an 
     CHECK(configError(big).find("bytes, more than the 1,048,576 bytes accepted here") !=
           std::string::npos);
 
+    // A duplicate key would let the last one win silently; a NUL byte would end the input early.
+    CHECK(configError(R"({"plugins": {"probe": "in_process"}, "plugins": {}})")
+              .find("/plugins: duplicate key 'plugins'") == 0);
+    CHECK(configError(std::string("{\"log\": \"info\"}\0{\"garbage\"", 26))
+              .find("/: a NUL byte at offset 15") == 0);
+
     // Not a regular file: refused without blocking on it.
     TempDir dir;
     CHECK_THROWS_WITH_AS(readConfigFile(dir.path), doctest::Contains("not a regular file"), Error);

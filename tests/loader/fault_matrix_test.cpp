@@ -718,3 +718,75 @@ TEST_CASE("caches probe results, crashes included, until the library file change
         checkHostRunsKernel(third);
     }
 }
+
+// ----- the isolated probe's own failure modes -------------------------------------------------
+
+TEST_CASE("a warm start takes the cached answer and runs no probe of the plugin in this process") {
+    noCoreDumps();
+    Scratch scratch("warm");
+    const fs::path manifest = kHostileDir / "hostile_crash_marker.json";
+    const fs::path marker = scratch / "crash-now";
+    setenv("BACKPLANE_FIXTURE_CRASH_MARKER", marker.c_str(), 1);
+    Config config = isolatedConfig({manifest});
+    config.cacheEnabled = true;
+    config.cacheDir = scratch / "cache";
+    {
+        const Runtime first(config);
+        CHECK(stateOf(reportOf(first, manifest)) == "loaded");
+        CHECK(reportOf(first, manifest).probe == "isolated");
+    }
+    // From now on its probe segfaults. Before the fix, a cached answer meant probing again in
+    // this process: this test process died of SIGSEGV here.
+    { std::ofstream(marker) << "x"; }
+    {
+        const Runtime second(config);
+        const PluginReport &report = reportOf(second, manifest);
+        CHECK(stateOf(report) == "loaded");
+        CHECK(report.probe == "cached");
+        size_t devices = 0;
+        for (const auto &d : second.devices())
+            for (const auto &route : d.routes) devices += route.backend == "hostile_crash_marker";
+        CHECK(devices == 1); // from the cached answer, every field included
+        checkHostRunsKernel(second);
+    }
+    unsetenv("BACKPLANE_FIXTURE_CRASH_MARKER");
+}
+
+TEST_CASE("a probe helper that cannot start is reported, and nothing falls back to in process") {
+    noCoreDumps();
+    const fs::path manifest = kHostileDir / "hostile_probe_segfaults.json";
+    setenv("BACKPLANE_PROBE_HELPER", "/nonexistent/backplane-probe", 1);
+    Config config = isolatedConfig({manifest});
+    // Before the fix, a failed start probed in this process: SIGSEGV.
+    const Runtime runtime(config);
+    unsetenv("BACKPLANE_PROBE_HELPER");
+    const PluginReport &report = reportOf(runtime, manifest);
+    CHECK(stateOf(report) == "probe_failed");
+    CHECK_MESSAGE(startsWith(report.reason, "could not start its isolated probe: cannot run "
+                                            "/nonexistent/backplane-probe"),
+                  "reason: " << report.reason);
+    CHECK_FALSE(mapped("hostile_probe_segfaults.so"));
+}
+
+TEST_CASE("a broken probe helper is not blamed on the plugins and not cached") {
+    Scratch scratch("helper");
+    const fs::path manifest = kHostileDir / "hostile_probe_throws.json";
+    Config config = isolatedConfig({});
+    config.cacheEnabled = true;
+    config.cacheDir = scratch / "cache";
+    setenv("BACKPLANE_PROBE_HELPER", "/bin/false", 1);
+    {
+        const Runtime broken(config);
+        const PluginReport &host = reportOf(broken, kHostManifest);
+        CHECK(stateOf(host) == "probe_failed");
+        CHECK_MESSAGE(startsWith(host.reason, "backplane-probe ended (exit status 1) before "
+                                              "loading the plugin"),
+                      "reason: " << host.reason);
+    }
+    unsetenv("BACKPLANE_PROBE_HELPER");
+    // Before the fix the helper's failure was cached as the host plugin's crash.
+    const Runtime repaired(config);
+    CHECK(stateOf(reportOf(repaired, kHostManifest)) == "loaded");
+    CHECK(reportOf(repaired, kHostManifest).probe == "isolated");
+    checkHostRunsKernel(repaired);
+}

@@ -90,6 +90,23 @@ TEST_CASE("rejects manifests with missing or mistyped fields, naming the file an
                          doctest::Contains("not valid JSON"), ManifestError);
 }
 
+TEST_CASE("refuses plugin names that are not plain (they become directory names)") {
+    using backplane::detail::ManifestError;
+    using backplane::detail::parseManifest;
+    const auto manifest = [](const std::string &name) {
+        return R"({"name": ")" + name +
+               R"(", "library": "x.so", "abi_version": "1.0", "backend": "x", "description": ""})";
+    };
+    CHECK(parseManifest(manifest("good_name-1.0"), "/m/a.json").name == "good_name-1.0");
+    // Before the check, this name made the loader create /tmp/escaped outside the cache.
+    CHECK_THROWS_WITH_AS(parseManifest(manifest("../../../../tmp/escaped"), "/m/a.json"),
+                         doctest::Contains("/m/a.json: /name: \"../../../../tmp/escaped\" is "
+                                           "not a plugin name"),
+                         ManifestError);
+    CHECK_THROWS_AS(parseManifest(manifest("a\\u001b[31mred"), "/m/a.json"), ManifestError);
+    CHECK_THROWS_AS(parseManifest(manifest(std::string(65, 'a')), "/m/a.json"), ManifestError);
+}
+
 TEST_CASE("finds manifests of a directory in name order, each file once") {
     const auto files = backplane::detail::findManifests(
         {FIXTURE_DIR, fs::path(FIXTURE_DIR) / "fakecpu.json", "/nonexistent/backplane"});

@@ -111,6 +111,8 @@ std::optional<std::string> checkNative(const ReadAt &read, uint64_t fileSize) {
             neededBy = what;
         }
     };
+    if (header.e_phnum == PN_XNUM)
+        return std::string("a corrupt or unsupported ELF file: more than 65,534 program headers");
     if (header.e_phnum > 0) {
         if (header.e_phentsize < sizeof(Phdr))
             return "a corrupt ELF file: program header entries of " +
@@ -138,8 +140,10 @@ std::optional<std::string> checkNative(const ReadAt &read, uint64_t fileSize) {
              "its section headers");
     }
     if (needed > fileSize) {
-        if (needed == UINT64_MAX)
-            return "a corrupt ELF file: " + neededBy + " lie beyond any possible file size";
+        // Far beyond the file (or any file): a corrupt header, not a short copy.
+        if (needed == UINT64_MAX || needed / 16 > fileSize)
+            return "a corrupt ELF file: " + neededBy + " would end at byte " +
+                   groupedNumber(needed) + " of a " + groupedNumber(fileSize) + "-byte file";
         return "truncated: " + groupedNumber(fileSize) + " of " + groupedNumber(needed) +
                " bytes (" + neededBy + " end beyond the end of the file; copy or install it "
                "again)";
@@ -150,9 +154,13 @@ std::optional<std::string> checkNative(const ReadAt &read, uint64_t fileSize) {
 } // namespace
 
 std::string groupedNumber(uint64_t n) {
-    std::string digits = std::to_string(n);
-    for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
-    return digits;
+    const std::string digits = std::to_string(n);
+    std::string out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return out;
 }
 
 std::string elfMachineName(uint16_t machine) {

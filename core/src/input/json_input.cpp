@@ -2,6 +2,8 @@
 // feeding a DOM builder that knows where it is, so every error names a JSON pointer.
 #include "json_input.hpp"
 
+#include "input/elf_check.hpp"
+
 #include <fstream>
 #include <system_error>
 #include <vector>
@@ -92,6 +94,12 @@ public:
     bool start_array(std::size_t) override { return open(Json::array()); }
     bool key(string_t &value) override {
         keys_.back() = std::move(value);
+        if (open_.back()->contains(keys_.back())) {
+            // The last one would silently win: a hand-edited file with two "plugins" objects
+            // means something else than it says.
+            fail(0, "duplicate key '" + keys_.back().substr(0, 64) + "'");
+            return false;
+        }
         return true;
     }
     bool end_object() override { return close(); }
@@ -183,18 +191,19 @@ size_t errorOffset(std::string_view text, size_t position, const std::string &to
     return position > 0 ? position - 1 : 0;
 }
 
+/// `text` cut to `limit` bytes with "…" when longer: messages stay readable for any input.
+std::string cut(const std::string &text, size_t limit) {
+    return text.size() <= limit ? text : text.substr(0, limit) + "…";
+}
+
 [[noreturn]] void throwAt(ErrorCode code, const std::string &origin, std::string_view text,
                           size_t offset, const std::string &pointer, const std::string &what) {
     const Position p = positionOf(text, offset);
-    throw Error(code, origin + ": " + pointer + ": " + what + " (line " + std::to_string(p.line) +
-                          ", column " + std::to_string(p.column) + ")");
+    throw Error(code, origin + ": " + cut(pointer, 512) + ": " + cut(what, 512) + " (line " +
+                          std::to_string(p.line) + ", column " + std::to_string(p.column) + ")");
 }
 
-std::string byteCount(uint64_t bytes) {
-    std::string digits = std::to_string(bytes);
-    for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(i, ",");
-    return digits + " bytes";
-}
+std::string byteCount(uint64_t bytes) { return groupedNumber(bytes) + " bytes"; }
 
 } // namespace
 
@@ -213,6 +222,10 @@ Json parseJson(std::string_view text, const std::string &origin, const JsonLimit
     if (text.size() > limits.maxBytes)
         throw Error(code, origin + ": " + byteCount(text.size()) + " of JSON, more than the " +
                               byteCount(limits.maxBytes) + " accepted here");
+    // nlohmann stops at a NUL byte as if the input ended there; JSON text never contains one.
+    if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+        throwAt(code, origin, text, nul, "/",
+                "a NUL byte at offset " + std::to_string(nul) + ": this is not a JSON text file");
     BoundedBuilder builder(limits.maxDepth);
     if (const size_t deep = firstTooDeep(text, limits.maxDepth); deep != std::string_view::npos) {
         // Parse up to the offending bracket to learn its pointer; the builder stops there.

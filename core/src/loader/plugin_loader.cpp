@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 #include <system_error>
+#include <thread>
 
 #ifndef BACKPLANE_BUILD_ROOT
 #define BACKPLANE_BUILD_ROOT ""
@@ -103,7 +104,7 @@ struct Candidate {
     PluginInitOptions options;
     std::string probe = "in_process"; ///< how it will be (or was) probed: see PluginReport::probe
     std::optional<std::string> cacheKey;
-    std::optional<ProbeOutcome> cached; ///< the recorded outcome, when probe == "cached"
+    std::optional<ProbeOutcome> answer; ///< an isolated probe's outcome (fresh or cached)
     bool settled = false;               ///< its report is final; do not load it
 };
 
@@ -156,8 +157,12 @@ void settle(Candidate &c, PluginReport &report, PluginState state, const std::st
     c.settled = true;
 }
 
-/// Runs backplane-probe for every candidate without a cached answer; settles those that
-/// crashed or hung, and marks the rest for loading in process.
+/// How many isolated probes run at once: enough to overlap slow drivers, few enough that a
+/// busy machine does not push healthy plugins past their timeout.
+unsigned probeParallelism() { return std::clamp(std::thread::hardware_concurrency(), 2u, 8u); }
+
+/// Runs backplane-probe for every candidate without a cached answer. Settles those that
+/// crashed, hung or could not be probed; the others get the answer to load with.
 void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
                    std::vector<PluginReport> &reports) {
     const fs::path helper = probeHelperPath();
@@ -180,10 +185,10 @@ void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
         PluginReport &report = reports[c.report];
         if (store != nullptr) c.cacheKey = probeCacheKey(c.manifest.library, c.options);
         if (c.cacheKey) {
-            if (auto record = loadProbeRecord(*store, *c.cacheKey)) {
+            if (auto record = loadProbeRecord(*store, *c.cacheKey, c.manifest.name)) {
                 if (record->kind == ProbeRecord::Kind::Answered) {
                     c.probe = "cached";
-                    c.cached = std::move(record->outcome);
+                    c.answer = std::move(record->outcome);
                 } else {
                     settle(c, report,
                            record->kind == ProbeRecord::Kind::Crashed ? PluginState::ProbeCrashed
@@ -198,28 +203,39 @@ void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
                             c.options.optionsJson});
     }
     if (requests.empty()) return;
-    const auto answers = runProbes(helper, requests, config.probeTimeoutMs);
+    const auto answers = runProbes(helper, requests, config.probeTimeoutMs, probeParallelism());
     for (size_t k = 0; k < pending.size(); ++k) {
         Candidate &c = candidates[pending[k]];
         PluginReport &report = reports[c.report];
         const ProbeAnswer &answer = answers[k];
         ProbeRecord record;
         switch (answer.outcome) {
-        case ProbeAnswer::Outcome::NotRun:
-            log::write(log::Subsystem::Loader, log::Level::Warn,
-                       c.manifest.name + ": " + answer.reason + "; probing it in this process");
-            c.probe = "in_process";
+        case ProbeAnswer::Outcome::NotStarted:
+            settle(c, report, PluginState::ProbeFailed,
+                   "could not start its isolated probe: " + answer.reason +
+                       "; not loaded (nothing is cached: it is probed again next time)",
+                   "isolated");
+            continue;
+        case ProbeAnswer::Outcome::HelperFailed:
+            settle(c, report, PluginState::ProbeFailed,
+                   answer.reason + "; not loaded. Reinstall backplane (the helper must come from "
+                                   "the same build as libbackplane), or set plugins.probe to "
+                                   "\"in_process\"",
+                   "isolated");
             continue;
         case ProbeAnswer::Outcome::Answered:
             try {
-                record.outcome = outcomeFromJson(answer.result);
-            } catch (const Error &e) {
-                settle(c, report, PluginState::ProbeCrashed,
+                record.outcome = outcomeFromJson(answer.result, c.manifest.name);
+                for (const auto &entry : answer.result.value("libraries", nlohmann::json::array()))
+                    record.libraries.emplace_back(entry.at("path").get<std::string>(),
+                                                  entry.at("identity").get<std::string>());
+            } catch (const std::exception &e) {
+                settle(c, report, PluginState::ProbeFailed,
                        std::string("backplane-probe gave an unreadable answer: ") + e.what(),
                        "isolated");
                 continue;
             }
-            c.probe = "isolated";
+            c.answer = record.outcome;
             break;
         case ProbeAnswer::Outcome::Crashed:
             record.kind = ProbeRecord::Kind::Crashed;
@@ -236,10 +252,9 @@ void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
     }
 }
 
-/// Loads and probes a candidate in this process; fills its report and the result.
-void loadInProcess(const Config &config, Candidate &c, PluginReport &report,
-                   LoadedPlugins &result) {
-    ProbeOutcome outcome = probePlugin(c.manifest.library, c.manifest.name, c.options);
+/// Fills `report` from `outcome` and, when it is Loaded, adds its library and devices.
+void applyOutcome(ProbeOutcome outcome, const Candidate &c, PluginReport &report,
+                  LoadedPlugins &result) {
     report.state = outcome.state;
     report.reason = outcome.reason;
     report.probe = c.probe;
@@ -250,17 +265,26 @@ void loadInProcess(const Config &config, Candidate &c, PluginReport &report,
     }
     report.driverVersion = outcome.driverVersion;
     report.deviceCount = outcome.deviceCount;
-    // A cached answer whose driver version or state no longer holds is refreshed.
-    if (c.cached && c.cacheKey &&
-        (c.cached->driverVersion != outcome.driverVersion || c.cached->state != outcome.state)) {
-        ProbeRecord record;
-        record.outcome = outcome;
-        record.outcome.library.reset();
-        storeProbeRecord(CacheStore::forConfig(config), *c.cacheKey, std::move(record));
-    }
     if (outcome.state != PluginState::Loaded) return;
     result.libraries[c.manifest.name] = outcome.library;
     for (auto &d : outcome.devices) result.devices.push_back(std::move(d));
+}
+
+/// Loads a candidate: with an isolated probe's answer, only dlopen and plugin_init run here
+/// (and only for a plugin that has devices); without one, the probe runs in this process.
+void load(Candidate &c, PluginReport &report, LoadedPlugins &result) {
+    if (!c.answer) {
+        applyOutcome(probePlugin(c.manifest.library, c.manifest.name, c.options), c, report,
+                     result);
+        return;
+    }
+    if (c.answer->state != PluginState::Loaded) {
+        applyOutcome(std::move(*c.answer), c, report, result);
+        return;
+    }
+    applyOutcome(loadWithAnswer(c.manifest.library, c.manifest.name, c.options,
+                                std::move(*c.answer)),
+                 c, report, result);
 }
 
 } // namespace
@@ -365,7 +389,7 @@ LoadedPlugins loadPlugins(const Config &config) {
     if (config.probeMode == ProbeMode::Isolated) probeIsolated(config, candidates, result.reports);
     for (auto &c : candidates) {
         if (c.settled) continue;
-        loadInProcess(config, c, result.reports[c.report], result);
+        load(c, result.reports[c.report], result);
     }
 
     for (const auto &report : result.reports) {

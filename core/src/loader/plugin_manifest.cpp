@@ -26,7 +26,9 @@ std::string requiredString(const Json &root, const std::filesystem::path &file, 
     std::string text = value.get<std::string>();
     if (!allowEmpty && text.empty()) fail(file, pointer, "must not be empty");
     if (text.size() > 4096) fail(file, pointer, "longer than 4096 bytes");
-    if (text.find('\0') != std::string::npos) fail(file, pointer, "contains a NUL character");
+    for (const char c : text)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+            fail(file, pointer, "contains a control character");
     return text;
 }
 
@@ -37,6 +39,15 @@ PluginManifest fromJson(const Json &root, const std::filesystem::path &file) {
     PluginManifest m;
     m.file = file;
     m.name = requiredString(root, file, "name", false);
+    // The name becomes a directory name (the plugin's cache) and a selector: keep it plain.
+    const bool plain = m.name.size() <= 64 && m.name.front() != '.' && m.name.front() != '-' &&
+                       m.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
+                                                "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") ==
+                           std::string::npos;
+    if (!plain)
+        fail(file, "/name", "\"" + m.name.substr(0, 64) +
+                               "\" is not a plugin name: use at most 64 letters, digits, '_', '.' "
+                               "and '-', not starting with '.' or '-'");
     const std::filesystem::path library = requiredString(root, file, "library", false);
     m.library = library.is_absolute() ? library : (file.parent_path() / library).lexically_normal();
     const std::string abi = requiredString(root, file, "abi_version", false);

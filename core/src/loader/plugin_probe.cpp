@@ -5,6 +5,9 @@
 
 #include <backplane/log.hpp>
 
+#include <algorithm>
+#include <array>
+
 namespace backplane::detail {
 namespace {
 
@@ -86,50 +89,167 @@ ProbeOutcome probePlugin(const std::filesystem::path &path, const std::string &n
     }
     out.state = PluginState::Loaded;
     out.reason = failures;
+    library->markProbed();
     out.library = std::move(library);
     return out;
 }
 
+namespace {
+
+Json deviceJson(const DeviceInfo &d) {
+    Json uuid = Json::array();
+    for (const uint8_t b : d.uuid) uuid.push_back(b);
+    return {{"index", d.index},
+            {"name", d.name},
+            {"vendor", d.vendor},
+            {"arch", d.arch},
+            {"driver_version", d.driverVersion},
+            {"pci_bus_id", d.pciBusId},
+            {"uuid", uuid},
+            {"has_uuid", d.hasUuid},
+            {"type", static_cast<uint32_t>(d.type)},
+            {"memory_bytes", d.memoryBytes},
+            {"max_allocation_bytes", d.maxAllocationBytes},
+            {"max_block_size", d.maxBlockSize},
+            {"max_block_threads", d.maxBlockThreads},
+            {"max_grid_size", d.maxGridSize},
+            {"max_shared_memory_bytes", d.maxSharedMemoryBytes},
+            {"subgroup_size", d.subgroupSize},
+            {"binding_alignment", d.bindingAlignment},
+            {"max_bindings", d.maxBindings},
+            {"max_scalar_bytes", d.maxScalarBytes},
+            {"max_streams", d.maxStreams},
+            {"dialects", d.dialects},
+            {"capabilities", d.capabilities}};
+}
+
+/// Reads the fields of a probe answer or record, each checked; errors name the pointer.
+class AnswerReader {
+public:
+    explicit AnswerReader(const Json &j, std::string pointer = "")
+        : j_(j), pointer_(std::move(pointer)) {
+        if (!j_.is_object()) fail("", "expected an object");
+    }
+    [[noreturn]] void fail(const std::string &key, const std::string &what) const {
+        throw Error(ErrorCode::Internal, "probe answer: " + pointer_ + "/" + key + ": " + what);
+    }
+    const Json &at(const char *key) const {
+        if (!j_.contains(key)) fail(key, "missing");
+        return j_[key];
+    }
+    std::string text(const char *key) const {
+        const Json &v = at(key);
+        if (!v.is_string()) fail(key, "expected a string");
+        return v.get<std::string>();
+    }
+    uint64_t number(const char *key, uint64_t max = UINT32_MAX) const {
+        const Json &v = at(key);
+        if (!v.is_number_unsigned() || v.get<uint64_t>() > max)
+            fail(key, "expected an unsigned integer of at most " + std::to_string(max));
+        return v.get<uint64_t>();
+    }
+    bool boolean(const char *key) const {
+        const Json &v = at(key);
+        if (!v.is_boolean()) fail(key, "expected a boolean");
+        return v.get<bool>();
+    }
+    template <class T, size_t N> std::array<T, N> numbers(const char *key, uint64_t max) const {
+        const Json &v = at(key);
+        if (!v.is_array() || v.size() != N) fail(key, "expected " + std::to_string(N) + " numbers");
+        std::array<T, N> out{};
+        for (size_t i = 0; i < N; ++i) {
+            if (!v[i].is_number_unsigned() || v[i].get<uint64_t>() > max)
+                fail(key, "expected unsigned integers of at most " + std::to_string(max));
+            out[i] = static_cast<T>(v[i].get<uint64_t>());
+        }
+        return out;
+    }
+
+private:
+    const Json &j_;
+    std::string pointer_;
+};
+
+DeviceInfo deviceFromJson(const Json &j, const std::string &backend, const std::string &pointer) {
+    const AnswerReader r(j, pointer);
+    DeviceInfo d;
+    d.backend = backend;
+    d.index = static_cast<uint32_t>(r.number("index"));
+    d.name = r.text("name");
+    d.vendor = r.text("vendor");
+    d.arch = r.text("arch");
+    d.driverVersion = r.text("driver_version");
+    d.pciBusId = r.text("pci_bus_id");
+    d.uuid = r.numbers<uint8_t, 16>("uuid", 255);
+    d.hasUuid = r.boolean("has_uuid");
+    const uint64_t type = r.number("type", static_cast<uint64_t>(DeviceType::Cpu));
+    d.type = static_cast<DeviceType>(type);
+    d.memoryBytes = r.number("memory_bytes", UINT64_MAX);
+    d.maxAllocationBytes = r.number("max_allocation_bytes", UINT64_MAX);
+    d.maxBlockSize = r.numbers<uint32_t, 3>("max_block_size", UINT32_MAX);
+    d.maxBlockThreads = static_cast<uint32_t>(r.number("max_block_threads"));
+    d.maxGridSize = r.numbers<uint32_t, 3>("max_grid_size", UINT32_MAX);
+    d.maxSharedMemoryBytes = static_cast<uint32_t>(r.number("max_shared_memory_bytes"));
+    d.subgroupSize = static_cast<uint32_t>(r.number("subgroup_size"));
+    d.bindingAlignment = static_cast<uint32_t>(r.number("binding_alignment", 1u << 20));
+    if (d.bindingAlignment == 0 || (d.bindingAlignment & (d.bindingAlignment - 1)) != 0)
+        r.fail("binding_alignment", "expected a power of two");
+    d.maxBindings = static_cast<uint32_t>(r.number("max_bindings"));
+    d.maxScalarBytes = static_cast<uint32_t>(r.number("max_scalar_bytes"));
+    d.maxStreams = std::max<uint32_t>(1, static_cast<uint32_t>(r.number("max_streams")));
+    d.dialects = static_cast<uint32_t>(r.number("dialects"));
+    d.capabilities = static_cast<uint32_t>(r.number("capabilities"));
+    return d;
+}
+
+} // namespace
+
 Json outcomeJson(const ProbeOutcome &o) {
     Json devices = Json::array();
-    for (const auto &d : o.devices)
-        devices.push_back({{"index", d.index},
-                           {"name", d.name},
-                           {"type", toString(d.type)},
-                           {"memory_bytes", d.memoryBytes},
-                           {"uuid", d.uuidString()}});
+    for (const auto &d : o.devices) devices.push_back(deviceJson(d));
     return {{"state", toString(o.state)},   {"reason", o.reason},
             {"version", o.version},         {"abi_major", o.abiMajor},
             {"abi_minor", o.abiMinor},      {"driver_version", o.driverVersion},
             {"device_count", o.deviceCount}, {"devices", devices}};
 }
 
-ProbeOutcome outcomeFromJson(const Json &j) {
-    const auto text = [&](const char *key) {
-        if (!j.contains(key) || !j[key].is_string())
-            throw Error(ErrorCode::Internal, std::string("probe answer: /") + key +
-                                                 ": expected a string");
-        return j[key].get<std::string>();
-    };
-    const auto number = [&](const char *key) {
-        if (!j.contains(key) || !j[key].is_number_unsigned() || j[key].get<uint64_t>() > UINT32_MAX)
-            throw Error(ErrorCode::Internal, std::string("probe answer: /") + key +
-                                                 ": expected an unsigned 32-bit integer");
-        return static_cast<uint32_t>(j[key].get<uint64_t>());
-    };
-    if (!j.is_object()) throw Error(ErrorCode::Internal, "probe answer: expected an object");
+ProbeOutcome outcomeFromJson(const Json &j, const std::string &backend) {
+    const AnswerReader r(j);
     ProbeOutcome o;
-    const std::string state = text("state");
+    const std::string state = r.text("state");
     const auto parsed = pluginStateNamed(state);
-    if (!parsed) throw Error(ErrorCode::Internal, "probe answer: /state: unknown '" + state + "'");
+    if (!parsed) r.fail("state", "unknown state '" + state + "'");
     o.state = *parsed;
-    o.reason = text("reason");
-    o.version = text("version");
-    o.abiMajor = number("abi_major");
-    o.abiMinor = number("abi_minor");
-    o.driverVersion = text("driver_version");
-    o.deviceCount = number("device_count");
+    o.reason = r.text("reason");
+    o.version = r.text("version");
+    o.abiMajor = static_cast<uint32_t>(r.number("abi_major"));
+    o.abiMinor = static_cast<uint32_t>(r.number("abi_minor"));
+    o.driverVersion = r.text("driver_version");
+    o.deviceCount = static_cast<uint32_t>(r.number("device_count", kMaxDevicesPerPlugin));
+    const Json &devices = r.at("devices");
+    if (!devices.is_array() || devices.size() > o.deviceCount)
+        r.fail("devices", "expected an array of at most device_count devices");
+    for (size_t i = 0; i < devices.size(); ++i) {
+        DeviceInfo d = deviceFromJson(devices[i], backend, "/devices/" + std::to_string(i));
+        if (d.index >= o.deviceCount) r.fail("devices", "a device index beyond device_count");
+        o.devices.push_back(std::move(d));
+    }
+    if (o.state == PluginState::Loaded && o.devices.empty())
+        r.fail("devices", "a loaded plugin without devices");
     return o;
+}
+
+ProbeOutcome loadWithAnswer(const std::filesystem::path &path, const std::string &name,
+                            const PluginInitOptions &options, ProbeOutcome answer) {
+    try {
+        answer.library = PluginLibrary::open(path, name, options);
+    } catch (const PluginLoadError &e) {
+        ProbeOutcome out;
+        out.state = stateOf(e.failure());
+        out.reason = e.what();
+        return out;
+    }
+    return answer;
 }
 
 } // namespace backplane::detail

@@ -38,10 +38,19 @@ ProbeOutcome probePlugin(const std::filesystem::path &library, const std::string
                          const PluginInitOptions &options,
                          const std::function<void(const char *)> &onStage = {});
 
-/// The outcome as JSON (no library): what backplane-probe answers and the probe cache keeps.
+/// The outcome as JSON (no library), every device field included: what backplane-probe answers
+/// and the probe cache keeps.
 nlohmann::json outcomeJson(const ProbeOutcome &outcome);
-/// Reads outcomeJson's output; throws Error(Internal) when a field is missing or mistyped.
-ProbeOutcome outcomeFromJson(const nlohmann::json &json);
+/// Reads outcomeJson's output; the devices get `backend` as their plugin name. Throws
+/// Error(Internal) naming the pointer when a field is missing, mistyped or out of range.
+ProbeOutcome outcomeFromJson(const nlohmann::json &json, const std::string &backend);
+
+/// Loads the library and runs plugin_init only, taking the devices from `answer` (an isolated
+/// probe's, fresh or cached): probe and device_info are not called in this process until a
+/// device of the plugin is opened (PluginLibrary::ensureProbed). Never throws for the plugin's
+/// failures.
+ProbeOutcome loadWithAnswer(const std::filesystem::path &library, const std::string &name,
+                            const PluginInitOptions &options, ProbeOutcome answer);
 
 /// The state named `name` ("probe_failed"), or nothing.
 std::optional<PluginState> pluginStateNamed(const std::string &name);

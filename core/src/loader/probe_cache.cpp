@@ -32,6 +32,13 @@ const char *kindName(ProbeRecord::Kind kind) {
 
 } // namespace
 
+std::string fileIdentity(const struct stat &st) {
+    return "size " + std::to_string(st.st_size) + " mtime " + std::to_string(st.st_mtim.tv_sec) +
+           "." + std::to_string(st.st_mtim.tv_nsec) + " ctime " +
+           std::to_string(st.st_ctim.tv_sec) + "." + std::to_string(st.st_ctim.tv_nsec) +
+           " inode " + std::to_string(st.st_ino) + " device " + std::to_string(st.st_dev);
+}
+
 std::optional<std::string> probeCacheKey(const fs::path &library,
                                          const PluginInitOptions &options) {
     std::error_code ec;
@@ -39,13 +46,12 @@ std::optional<std::string> probeCacheKey(const fs::path &library,
     struct stat st {};
     if (ec || ::stat(canonical.c_str(), &st) != 0) return std::nullopt;
     const uint64_t optionsHash = fnv1a64(options.optionsJson, fnv1a64(options.cacheDir));
-    return "probe v1\n" + canonical.string() + "\nsize " + std::to_string(st.st_size) +
-           "\nmtime " + std::to_string(st.st_mtim.tv_sec) + "." +
-           std::to_string(st.st_mtim.tv_nsec) + "\ninode " + std::to_string(st.st_ino) +
-           "\ndevice " + std::to_string(st.st_dev) + "\noptions " + std::to_string(optionsHash);
+    return "probe v2\n" + canonical.string() + "\n" + fileIdentity(st) + "\noptions " +
+           std::to_string(optionsHash);
 }
 
-std::optional<ProbeRecord> loadProbeRecord(const CacheStore &store, const std::string &key) {
+std::optional<ProbeRecord> loadProbeRecord(const CacheStore &store, const std::string &key,
+                                           const std::string &plugin) {
     const auto payload = store.load(CacheKind::Probes, key);
     if (!payload) return std::nullopt;
     const std::string origin = store.entryPath(CacheKind::Probes, key).string();
@@ -62,7 +68,23 @@ std::optional<ProbeRecord> loadProbeRecord(const CacheStore &store, const std::s
         if (kind == "answered") {
             r.kind = ProbeRecord::Kind::Answered;
             if (!j.contains("outcome")) throw Error(ErrorCode::Internal, origin + ": no /outcome");
-            r.outcome = outcomeFromJson(j["outcome"]);
+            r.outcome = outcomeFromJson(j["outcome"], plugin);
+            if (!j.contains("libraries") || !j["libraries"].is_array())
+                throw Error(ErrorCode::Internal, origin + ": /libraries: expected an array");
+            for (const auto &entry : j["libraries"]) {
+                if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() ||
+                    !entry[1].is_string())
+                    throw Error(ErrorCode::Internal, origin + ": /libraries: malformed entry");
+                const std::string path = entry[0].get<std::string>();
+                struct stat st {};
+                if (::stat(path.c_str(), &st) != 0 || fileIdentity(st) != entry[1].get<std::string>()) {
+                    log::write(log::Subsystem::Loader, log::Level::Info,
+                               path + " changed since the plugin was last probed (a driver "
+                                      "update?); probing it again");
+                    return std::nullopt;
+                }
+                r.libraries.emplace_back(path, entry[1].get<std::string>());
+            }
         } else if (kind == "crashed" || kind == "timeout") {
             r.kind = kind == "crashed" ? ProbeRecord::Kind::Crashed : ProbeRecord::Kind::TimedOut;
             if (!j.contains("reason") || !j["reason"].is_string())
@@ -85,8 +107,14 @@ std::optional<ProbeRecord> loadProbeRecord(const CacheStore &store, const std::s
 
 void storeProbeRecord(CacheStore &store, const std::string &key, ProbeRecord record) {
     Json j = {{"kind", kindName(record.kind)}, {"recorded_unix", nowUnix()}};
-    if (record.kind == ProbeRecord::Kind::Answered) j["outcome"] = outcomeJson(record.outcome);
-    else j["reason"] = record.reason;
+    if (record.kind == ProbeRecord::Kind::Answered) {
+        j["outcome"] = outcomeJson(record.outcome);
+        Json libraries = Json::array();
+        for (const auto &[path, identity] : record.libraries) libraries.push_back({path, identity});
+        j["libraries"] = libraries;
+    } else {
+        j["reason"] = record.reason;
+    }
     store.store(CacheKind::Probes, key, dumpJson(j));
 }
 

@@ -6,10 +6,14 @@
 
 #include <backplane/cache.hpp>
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace backplane::detail {
 
@@ -23,23 +27,32 @@ struct ProbeRecord {
     Kind kind = Kind::Answered;
     std::string reason;    ///< Crashed/TimedOut: what happened
     ProbeOutcome outcome;  ///< Answered: the child's outcome (no library)
+    /// Answered: every shared object the probe process had loaded (the plugin's driver and its
+    /// dependencies) with its fileIdentity; the record holds while none of them changes.
+    std::vector<std::pair<std::string, std::string>> libraries;
     int64_t recordedUnix = 0;
 };
+
+/// What identifies a file's content without reading it: size, modification and change time
+/// (the latter cannot be set by hand), inode and device.
+std::string fileIdentity(const struct stat &st);
 
 /// A timed-out probe may have waited on something transient (a device being reset), so its
 /// record is retried after this long; a crash record lasts until the library file changes.
 inline constexpr int64_t kTimeoutRecordSeconds = 600;
 
-/// The cache key of `library` probed with `options`: its canonical path, size, modification
-/// time, inode and device, and a hash of the options and cache directory handed to
-/// plugin_init. Replacing or touching the file changes it. nullopt when the file cannot be
-/// examined.
+/// The cache key of `library` probed with `options`: its canonical path and fileIdentity, and a
+/// hash of the options and cache directory handed to plugin_init. Replacing or touching the file
+/// changes it. nullopt when the file cannot be examined.
 std::optional<std::string> probeCacheKey(const std::filesystem::path &library,
                                          const PluginInitOptions &options);
 
-/// The record under `key`, or nothing (missing, unreadable, expired). A malformed record is
-/// ignored with a warning and replaced by the next store.
-std::optional<ProbeRecord> loadProbeRecord(const CacheStore &store, const std::string &key);
+/// The record under `key`, or nothing (missing, unreadable, expired, or one of its libraries
+/// changed: a driver update). A malformed record is ignored with a warning and replaced by the
+/// next store.
+/// `plugin` names the devices' backend.
+std::optional<ProbeRecord> loadProbeRecord(const CacheStore &store, const std::string &key,
+                                           const std::string &plugin);
 
 /// Stores `record` under `key` (stamped with the current time).
 void storeProbeRecord(CacheStore &store, const std::string &key, ProbeRecord record);

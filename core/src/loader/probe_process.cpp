@@ -39,6 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxControlBytes = 8u << 20; // the answer: 1024 devices fit easily
 constexpr size_t kOutputTail = 4096;           // the child's output kept for the report
+constexpr int kExitChannelLost = 3;            // backplane-probe: its control channel went away
 
 std::string signalName(int signal) {
     if (const char *abbrev = sigabbrev_np(signal)) return std::string("SIG") + abbrev;
@@ -53,7 +54,8 @@ struct Child {
     Clock::time_point deadline;
     std::string controlText;
     std::string outputTail;
-    std::string stage = "loading";
+    std::string stage;        // "" until the child announces its first stage
+    bool started = false;
     bool answered = false; // a "result" line arrived
     bool done = false;
     ProbeAnswer answer;
@@ -83,6 +85,13 @@ bool drain(int &fd, std::string &into, size_t limit, bool keepTail) {
     }
 }
 
+bool isStage(const std::string &stage) {
+    for (const char *known : {"loading", "plugin_init", "probe", "plugin_destroy", "done"})
+        if (stage == known) return true;
+    return stage.rfind("device_info(", 0) == 0 && stage.back() == ')' && stage.size() <= 24 &&
+           stage.find_first_not_of("0123456789", 12) == stage.size() - 1;
+}
+
 /// Parses complete lines of the control channel: "stage NAME", "result JSON".
 void parseControl(Child &child, const std::string &origin) {
     size_t start = 0;
@@ -90,7 +99,8 @@ void parseControl(Child &child, const std::string &origin) {
          start = end + 1) {
         const std::string line = child.controlText.substr(start, end - start);
         if (line.rfind("stage ", 0) == 0) {
-            child.stage = fieldText(line.c_str() + 6, 64);
+            const std::string stage = fieldText(line.c_str() + 6, 64);
+            if (isStage(stage)) child.stage = stage; // the plugin cannot name a stage of its own
         } else if (line.rfind("result ", 0) == 0) {
             try {
                 child.answer.result =
@@ -134,12 +144,24 @@ void finish(Child &child, int status, bool statusKnown) {
         a.outcome = ProbeAnswer::Outcome::Answered;
         return;
     }
-    a.outcome = ProbeAnswer::Outcome::Crashed;
     std::string how;
     if (!statusKnown) how = "exited without an answer";
     else if (WIFSIGNALED(status)) how = signalName(WTERMSIG(status));
+    else if (WEXITSTATUS(status) == kExitChannelLost) how = "lost its control channel";
     else how = "exit status " + std::to_string(WEXITSTATUS(status));
-    a.reason = how + " during " + child.stage + isolationNote(child);
+    if (child.stage.empty()) {
+        // It never got as far as loading the plugin: the helper itself is broken.
+        a.outcome = ProbeAnswer::Outcome::HelperFailed;
+        a.reason = "backplane-probe ended (" + how + ") before loading the plugin" +
+                   isolationNote(child);
+        return;
+    }
+    a.outcome = ProbeAnswer::Outcome::Crashed;
+    if (how == "lost its control channel")
+        a.reason = "the plugin closed the probe's control channel during " + child.stage +
+                   isolationNote(child);
+    else
+        a.reason = how + " during " + child.stage + isolationNote(child);
 }
 
 /// The helper's environment: ours, except that a sanitizer runtime (in a sanitized build of
@@ -163,6 +185,7 @@ void spawn(Child &child, const fs::path &helper, const ProbeRequest &request) {
     int output[2] = {-1, -1};
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, control) != 0 ||
         ::pipe2(output, O_CLOEXEC) != 0) {
+        child.answer.outcome = ProbeAnswer::Outcome::NotStarted;
         child.answer.reason = std::string("cannot create pipes: ") + std::strerror(errno);
         closeFd(control[0]), closeFd(control[1]), closeFd(output[0]), closeFd(output[1]);
         child.done = true;
@@ -188,7 +211,7 @@ void spawn(Child &child, const fs::path &helper, const ProbeRequest &request) {
     const std::string helperText = helper.string();
     const std::string libraryText = request.library.string();
     std::vector<std::string> args = {helperText, "--library", libraryText, "--name", request.name,
-                                     "--control-fd", "3"};
+                                     "--control-fd", "3", "--parent", std::to_string(::getpid())};
     if (!request.cacheDir.empty()) {
         args.push_back("--cache-dir");
         args.push_back(request.cacheDir);
@@ -207,6 +230,7 @@ void spawn(Child &child, const fs::path &helper, const ProbeRequest &request) {
     closeFd(control[1]);
     closeFd(output[1]);
     if (error != 0) {
+        child.answer.outcome = ProbeAnswer::Outcome::NotStarted;
         child.answer.reason = "cannot run " + helperText + ": " + std::strerror(error);
         closeFd(control[0]);
         closeFd(output[0]);
@@ -268,28 +292,34 @@ fs::path probeHelperPath() {
 }
 
 std::vector<ProbeAnswer> runProbes(const fs::path &helper, const std::vector<ProbeRequest> &requests,
-                                   uint32_t timeoutMs) {
+                                   uint32_t timeoutMs, unsigned parallel) {
     std::vector<Child> children(requests.size());
-    const auto start = Clock::now();
-    for (size_t i = 0; i < requests.size(); ++i) {
-        children[i].deadline = start + std::chrono::milliseconds(timeoutMs);
-        spawn(children[i], helper, requests[i]);
-    }
+    size_t next = 0; // the next request to start
+    const auto running = [&] {
+        unsigned n = 0;
+        for (size_t i = 0; i < next; ++i) n += children[i].done ? 0 : 1;
+        return n;
+    };
     for (;;) {
+        // Start children up to the limit; each one's deadline runs from its own start.
+        while (next < children.size() && running() < std::max(1u, parallel)) {
+            Child &c = children[next];
+            c.deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
+            spawn(c, helper, requests[next]);
+            ++next;
+        }
         std::vector<pollfd> fds;
         std::vector<size_t> owners;
-        bool running = false;
-        for (size_t i = 0; i < children.size(); ++i) {
+        for (size_t i = 0; i < next; ++i) {
             Child &c = children[i];
             if (c.done) continue;
-            running = true;
             for (int fd : {c.control, c.output})
                 if (fd >= 0) {
                     fds.push_back({fd, POLLIN, 0});
                     owners.push_back(i);
                 }
         }
-        if (!running) break;
+        if (running() == 0 && next == children.size()) break;
         ::poll(fds.data(), fds.size(), 20); // also the period of the exit and deadline checks
         for (size_t k = 0; k < fds.size(); ++k) {
             if (fds[k].revents == 0) continue;
@@ -302,34 +332,46 @@ std::vector<ProbeAnswer> runProbes(const fs::path &helper, const std::vector<Pro
             }
         }
         const auto now = Clock::now();
-        for (Child &c : children) {
+        for (size_t i = 0; i < next; ++i) {
+            Child &c = children[i];
             if (c.done) continue;
-            int status = 0;
-            const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
-            if (r == c.pid || (r < 0 && errno == ECHILD)) {
+            // Look without reaping, so the process group can be killed while its id is still
+            // ours (whatever the plugin forked goes with it), then reap.
+            siginfo_t info{};
+            const int waited = ::waitid(P_PID, static_cast<id_t>(c.pid), &info,
+                                        WEXITED | WNOHANG | WNOWAIT);
+            const bool exited = waited == 0 && info.si_pid == c.pid;
+            const bool vanished = waited < 0 && errno == ECHILD; // SIGCHLD ignored by the host
+            if (exited || vanished) {
+                if (exited) ::kill(-c.pid, SIGKILL);
+                int status = 0;
+                const bool known = exited && ::waitpid(c.pid, &status, 0) == c.pid;
                 if (c.control >= 0) drain(c.control, c.controlText, kMaxControlBytes, false);
                 if (c.output >= 0) drain(c.output, c.outputTail, kOutputTail, true);
-                parseControl(c, "probe answer");
-                finish(c, status, r == c.pid);
+                parseControl(c, requests[i].library.string() + " probe answer");
+                finish(c, status, known);
             } else if (now >= c.deadline) {
                 ::kill(-c.pid, SIGKILL);
                 ::kill(c.pid, SIGKILL);
+                int status = 0;
                 while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
                 }
                 if (c.output >= 0) drain(c.output, c.outputTail, kOutputTail, true);
+                const bool answeredFirst = c.answered;
+                const std::string stage = c.stage.empty() ? "loading" : c.stage;
                 finish(c, status, true);
                 c.answer.outcome = ProbeAnswer::Outcome::TimedOut;
-                c.answer.reason = "no answer in " + secondsText(timeoutMs) + " during " +
-                                  c.stage + isolationNote(c);
+                c.answer.reason =
+                    answeredFirst ? "answered, then gave no answer in " + secondsText(timeoutMs) +
+                                        " during " + stage + isolationNote(c)
+                                  : "no answer in " + secondsText(timeoutMs) + " during " + stage +
+                                        isolationNote(c);
             }
         }
     }
     std::vector<ProbeAnswer> answers;
     answers.reserve(children.size());
-    for (Child &c : children) {
-        if (c.pid < 0) c.answer.outcome = ProbeAnswer::Outcome::NotRun;
-        answers.push_back(std::move(c.answer));
-    }
+    for (Child &c : children) answers.push_back(std::move(c.answer));
     return answers;
 }
 

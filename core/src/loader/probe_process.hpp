@@ -22,12 +22,13 @@ struct ProbeRequest {
 /// How a child probe ended.
 struct ProbeAnswer {
     enum class Outcome {
-        Answered,  ///< the child reported a result (any state) and exited cleanly
-        Crashed,   ///< killed by a signal or exited without an answer
-        TimedOut,  ///< no answer within the timeout; the child was killed
-        NotRun,    ///< the helper could not be started (reason says why); probe in process
+        Answered,     ///< the child reported a result (any state) and exited cleanly
+        Crashed,      ///< the plugin killed it (signal, exit) before it answered
+        TimedOut,     ///< no answer within the timeout; the child was killed
+        NotStarted,   ///< no child could be started (out of descriptors, processes...)
+        HelperFailed, ///< the child ended before it even loaded the plugin: the helper's fault
     };
-    Outcome outcome = Outcome::NotRun;
+    Outcome outcome = Outcome::NotStarted;
     std::string stage;       ///< the last stage the child announced ("probe", "plugin_init"...)
     std::string reason;      ///< for Crashed/TimedOut/NotRun: what happened, in words
     nlohmann::json result;   ///< for Answered: the child's result object
@@ -38,12 +39,13 @@ struct ProbeAnswer {
 /// next to libbackplane, else the configured install path. "" when none exists.
 std::filesystem::path probeHelperPath();
 
-/// Runs `helper` once per request, all at the same time, each with `timeoutMs`, and returns
-/// one answer per request in order. Never throws for a child's failure. Safe to call from a
-/// multithreaded process (posix_spawn; the child gets its own process group, which is killed
-/// on timeout).
+/// Runs `helper` once per request, at most `parallel` at a time, each with `timeoutMs` from its
+/// own start, and returns one answer per request in order. Never throws for a child's failure.
+/// Safe to call from a multithreaded process (posix_spawn). Each child gets its own process
+/// group, killed when the child ends or times out, and dies with this process.
 std::vector<ProbeAnswer> runProbes(const std::filesystem::path &helper,
-                                   const std::vector<ProbeRequest> &requests, uint32_t timeoutMs);
+                                   const std::vector<ProbeRequest> &requests, uint32_t timeoutMs,
+                                   unsigned parallel);
 
 /// "10 s", "1 s", "0.5 s": a timeout as the reports write it.
 std::string secondsText(uint32_t ms);

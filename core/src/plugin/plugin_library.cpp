@@ -256,6 +256,24 @@ bp_probe_result PluginLibrary::probe() const {
     return result;
 }
 
+void PluginLibrary::markProbed() {
+    const std::lock_guard lock(probeMutex_);
+    probed_ = true;
+}
+
+void PluginLibrary::ensureProbed() {
+    const std::lock_guard lock(probeMutex_);
+    if (!probed_) {
+        probed_ = true;
+        try {
+            probe();
+        } catch (const Error &e) {
+            probeFailure_ = e;
+        }
+    }
+    if (probeFailure_) throw *probeFailure_;
+}
+
 bp_device_info PluginLibrary::deviceInfo(uint32_t index) const {
     bp_device_info info{};
     info.struct_size = sizeof(info);

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 namespace backplane::detail {
@@ -126,6 +128,13 @@ public:
     /// Describes one device; no context is created.
     bp_device_info deviceInfo(uint32_t index) const;
 
+    /// Records that probe() ran in this process (the in-process probe at start).
+    void markProbed();
+    /// Runs probe() in this process if it has not run yet: the loader takes an isolated probe's
+    /// answer instead, and the ABI's order (probe before device_open) is kept by calling this
+    /// before the first device_open. Thread-safe; a failure is remembered and thrown again.
+    void ensureProbed();
+
 private:
     PluginLibrary() = default;
 
@@ -135,6 +144,9 @@ private:
     std::string name_;
     std::string version_;
     std::filesystem::path path_;
+    std::mutex probeMutex_;
+    bool probed_ = false;
+    std::optional<Error> probeFailure_;
 };
 
 } // namespace backplane::detail
