@@ -37,7 +37,13 @@ export BACKPLANE_CACHE_DIR=/tmp/backplane-cache
 tool=/work/main/$build/tools/backplane/backplane
 
 nvidia-smi -L
-$tool devices
+# Cold (no probe cache: every plugin probed in a backplane-probe child), then warm.
+rm -rf /tmp/backplane-cache
+for start in cold warm; do
+    t0=$(date +%s%N); $tool devices > "$OUT/devices-$start.txt" 2>&1; t1=$(date +%s%N)
+    echo "backplane devices ($start probe cache): $(( (t1 - t0) / 1000000 )) ms" | tee -a "$OUT/tests.txt"
+done
+cat "$OUT/devices-warm.txt"
 $tool devices --json > "$OUT/devices.json"
 
 python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
@@ -77,7 +83,7 @@ for dev in cuda vulkan host; do
     echo "demo $dev: rc=$? $(tail -1 /tmp/demo.txt)" | tee -a "$OUT/tests.txt"
     cat /tmp/demo.txt >> "$OUT/demo.txt"
 done
-timeout 300 $tool bench engine cuda vulkan tune > "$OUT/bench.txt" 2> /tmp/bench-notes.txt
+timeout 300 $tool bench engine cuda vulkan tune startup > "$OUT/bench.txt" 2> /tmp/bench-notes.txt
 echo "bench rc=$?"
 cat /tmp/bench-notes.txt
 echo "================ summary"
