@@ -41,7 +41,7 @@ nvidia-smi -L
 rm -rf /tmp/backplane-cache
 for start in cold warm; do
     t0=$(date +%s%N); $tool devices > "$OUT/devices-$start.txt" 2>&1; t1=$(date +%s%N)
-    echo "backplane devices ($start probe cache): $(( (t1 - t0) / 1000000 )) ms" | tee -a "$OUT/tests.txt"
+    echo "backplane devices ($start probe cache): $(( (t1 - t0) / 1000000 )) ms" | tee -a "$OUT/startup.txt"
 done
 cat "$OUT/devices-warm.txt"
 $tool devices --json > "$OUT/devices.json"
@@ -87,5 +87,5 @@ timeout 300 $tool bench engine cuda vulkan tune startup > "$OUT/bench.txt" 2> /t
 echo "bench rc=$?"
 cat /tmp/bench-notes.txt
 echo "================ summary"
-cat "$OUT/tests.txt"
+cat "$OUT/tests.txt" "$OUT/startup.txt"
 cat "$OUT/bench.txt"
