@@ -790,3 +790,25 @@ TEST_CASE("a broken probe helper is not blamed on the plugins and not cached") {
     CHECK(reportOf(repaired, kHostManifest).probe == "isolated");
     checkHostRunsKernel(repaired);
 }
+
+TEST_CASE("in-process probing refuses a library an isolated probe saw crash") {
+    noCoreDumps();
+    Scratch scratch("known-crasher");
+    const fs::path manifest = kHostileDir / "hostile_probe_segfaults.json";
+    Config config = isolatedConfig({manifest});
+    config.cacheEnabled = true;
+    config.cacheDir = scratch / "cache";
+    {
+        const Runtime isolated(config);
+        CHECK(stateOf(reportOf(isolated, manifest)) == "probe_crashed");
+    }
+    config.probeMode = ProbeMode::InProcess;
+    // Without the check, this probe ran in this process: SIGSEGV.
+    const Runtime inProcess(config);
+    const PluginReport &report = reportOf(inProcess, manifest);
+    CHECK(stateOf(report) == "probe_crashed");
+    CHECK(report.probe == "cached");
+    CHECK_MESSAGE(contains(report.reason, "not loaded in process"), "reason: " << report.reason);
+    CHECK_FALSE(mapped("hostile_probe_segfaults.so"));
+    checkHostRunsKernel(inProcess);
+}

@@ -252,6 +252,26 @@ void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
     }
 }
 
+/// In-process probing: a library an isolated probe already saw crash or hang (a record in the
+/// probe cache) is not loaded, since here it would take the process down.
+void refuseKnownCrashers(const Config &config, std::vector<Candidate> &candidates,
+                         std::vector<PluginReport> &reports) {
+    if (cacheDirectory(config).empty()) return;
+    const CacheStore &store = CacheStore::forConfig(config);
+    for (auto &c : candidates) {
+        const auto key = probeCacheKey(c.manifest.library, c.options);
+        if (!key) continue;
+        const auto record = loadProbeRecord(store, *key, c.manifest.name);
+        if (!record || record->kind == ProbeRecord::Kind::Answered) continue;
+        settle(c, reports[c.report],
+               record->kind == ProbeRecord::Kind::Crashed ? PluginState::ProbeCrashed
+                                                          : PluginState::ProbeTimeout,
+               record->reason + " (cached from an earlier isolated probe; not loaded in process. "
+                                "Run `backplane cache clear probes` to try again)",
+               "cached");
+    }
+}
+
 /// Fills `report` from `outcome` and, when it is Loaded, adds its library and devices.
 void applyOutcome(ProbeOutcome outcome, const Candidate &c, PluginReport &report,
                   LoadedPlugins &result) {
@@ -386,7 +406,10 @@ LoadedPlugins loadPlugins(const Config &config) {
         result.reports.push_back(std::move(report));
     }
 
-    if (config.probeMode == ProbeMode::Isolated) probeIsolated(config, candidates, result.reports);
+    if (config.probeMode == ProbeMode::Isolated)
+        probeIsolated(config, candidates, result.reports);
+    else
+        refuseKnownCrashers(config, candidates, result.reports);
     for (auto &c : candidates) {
         if (c.settled) continue;
         load(c, result.reports[c.report], result);
