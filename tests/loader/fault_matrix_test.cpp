@@ -287,7 +287,7 @@ TEST_CASE("reports each broken library file in words before dlopen, in both prob
 TEST_CASE("reports a truncated library with both sizes instead of dying of SIGBUS in dlopen") {
     const uint64_t fullSize = fs::file_size(kSampleLibrary);
     const uint64_t declared = elfDeclaredSize(kSampleLibrary);
-    REQUIRE(fullSize > 80000);
+    REQUIRE(fullSize > 50000); // debug build ~475 KB, release ~63 KB
     const std::string original = readFile(kSampleLibrary);
     // 40,000 bytes keep the ELF and program headers but (in this build) end inside the last
     // loadable segment, which dlopen maps and relocates (SIGBUS); half the file keeps every
