@@ -140,8 +140,8 @@ std::optional<std::string> checkNative(const ReadAt &read, uint64_t fileSize) {
              "its section headers");
     }
     if (needed > fileSize) {
-        // Far beyond the file (or any file): a corrupt header, not a short copy.
-        if (needed == UINT64_MAX || needed / 16 > fileSize)
+        // Beyond any real library (1 TiB): a corrupt header, not a short copy.
+        if (needed == UINT64_MAX || needed > (uint64_t{1} << 40))
             return "a corrupt ELF file: " + neededBy + " would end at byte " +
                    groupedNumber(needed) + " of a " + groupedNumber(fileSize) + "-byte file";
         return "truncated: " + groupedNumber(fileSize) + " of " + groupedNumber(needed) +
