@@ -9,6 +9,7 @@
 #include "../conformance/conformance_kernels.hpp"
 
 #include <backplane/client.hpp>
+#include <backplane/error.hpp>
 #include <backplane/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -811,4 +812,84 @@ TEST_CASE("in-process probing refuses a library an isolated probe saw crash") {
     CHECK_MESSAGE(contains(report.reason, "not loaded in process"), "reason: " << report.reason);
     CHECK_FALSE(mapped("hostile_probe_segfaults.so"));
     checkHostRunsKernel(inProcess);
+}
+
+TEST_CASE("an answer that no longer holds at device_open is refused and dropped from the cache") {
+    Scratch scratch("stale");
+    const fs::path manifest = kHostileDir / "hostile_device_env.json";
+    Config config = isolatedConfig({manifest});
+    config.cacheEnabled = true;
+    config.cacheDir = scratch / "cache";
+    const auto envDevices = [](const Runtime &runtime) {
+        std::vector<backplane::DeviceInfo> out;
+        for (const auto &d : runtime.devices())
+            for (const auto &route : d.routes)
+                if (route.backend == "hostile_device_env") out.push_back(route);
+        return out;
+    };
+    setenv("BACKPLANE_FIXTURE_DEVICE_COUNT", "2", 1);
+    { CHECK(envDevices(Runtime(config)).size() == 2); }
+    setenv("BACKPLANE_FIXTURE_DEVICE_COUNT", "1", 1); // a device went away
+    {
+        const Runtime cached(config);
+        CHECK(reportOf(cached, manifest).probe == "cached");
+        const auto devices = envDevices(cached);
+        REQUIRE(devices.size() == 2); // the answer from the first start
+        backplane::Selection selection;
+        selection.device = devices[1];
+        // Before the check, device_open(1) went to a plugin that has one device.
+        CHECK_THROWS_WITH_AS(cached.open(selection),
+                             doctest::Contains("now reports 1 device(s); the devices changed"),
+                             backplane::Error);
+    }
+    {
+        const Runtime again(config); // the stale answer was dropped: probed again
+        CHECK(reportOf(again, manifest).probe == "isolated");
+        CHECK(envDevices(again).size() == 1);
+    }
+    unsetenv("BACKPLANE_FIXTURE_DEVICE_COUNT");
+}
+
+TEST_CASE("answers without devices are not cached, and the driver environment is in the key") {
+    Scratch scratch("negative");
+    const fs::path noDevice = fs::path(FIXTURE_DIR) / "no_device.json";
+    Config config = isolatedConfig({noDevice});
+    config.cacheEnabled = true;
+    config.cacheDir = scratch / "cache";
+    { const Runtime first(config); }
+    {
+        const Runtime second(config);
+        // Before the fix: "cached", and a driver installed later was never seen.
+        CHECK(reportOf(second, noDevice).probe == "isolated");
+        CHECK(stateOf(reportOf(second, noDevice)) == "no_device");
+        CHECK(reportOf(second, kHostManifest).probe == "cached");
+    }
+    setenv("VK_DRIVER_FILES", "/nonexistent/icd.json", 1);
+    {
+        const Runtime otherDrivers(config);
+        CHECK(reportOf(otherDrivers, kHostManifest).probe == "isolated");
+    }
+    unsetenv("VK_DRIVER_FILES");
+}
+
+TEST_CASE("a probe helper that never starts loading is the helper's failure, not cached") {
+    Scratch scratch("stalled-helper");
+    const fs::path helper = scratch / "stalled-helper.sh";
+    { std::ofstream(helper) << "#!/bin/sh\nexec sleep 30\n"; }
+    fs::permissions(helper, fs::perms::owner_all);
+    Config config = isolatedConfig({});
+    config.cacheEnabled = true;
+    config.cacheDir = scratch / "cache";
+    setenv("BACKPLANE_PROBE_HELPER", helper.c_str(), 1);
+    {
+        const Runtime stalled(config);
+        const PluginReport &host = reportOf(stalled, kHostManifest);
+        CHECK(stateOf(host) == "probe_failed");
+        CHECK_MESSAGE(startsWith(host.reason, "backplane-probe gave no sign of life in 1 s"),
+                      "reason: " << host.reason);
+    }
+    unsetenv("BACKPLANE_PROBE_HELPER");
+    const Runtime repaired(config); // before the fix: probe_timeout, cached for 10 minutes
+    CHECK(stateOf(reportOf(repaired, kHostManifest)) == "loaded");
+    CHECK(reportOf(repaired, kHostManifest).probe == "isolated");
 }

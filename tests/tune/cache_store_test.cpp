@@ -10,6 +10,8 @@
 #include <fstream>
 #include <thread>
 
+#include <sys/stat.h>
+
 using namespace backplane;
 using namespace tunetest;
 
@@ -69,6 +71,22 @@ TEST_CASE("a stored entry reads back and the key inside the file is compared") {
     CHECK(store.load(CacheKind::Kernels, "k1") == bytesOf("payload two"));
     store.remove(CacheKind::Kernels, "k1");
     CHECK(!store.load(CacheKind::Kernels, "k1"));
+}
+
+TEST_CASE("an entry that is a FIFO or a device is ignored without blocking or reading it") {
+    TempDir dir;
+    CacheStore store(dir.path());
+    CHECK(store.store(CacheKind::Probes, "k", "payload"));
+    const std::filesystem::path path = store.entryPath(CacheKind::Probes, "k");
+    std::filesystem::remove(path);
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    // Before the check, open() blocked here for ever waiting for a writer.
+    CHECK(!store.load(CacheKind::Probes, "k"));
+    std::filesystem::remove(path);
+    std::filesystem::create_symlink("/dev/zero", path); // was read until memory ran out
+    CHECK(!store.load(CacheKind::Probes, "k"));
+    CHECK(store.store(CacheKind::Probes, "k", "payload")); // and a store replaces it
+    CHECK(store.load(CacheKind::Probes, "k") == bytesOf("payload"));
 }
 
 TEST_CASE("a truncated entry is ignored with a warning and rebuilt") {

@@ -63,10 +63,22 @@ std::optional<std::string> environment(const char *name) {
 }
 
 /// Reads a whole file; nothing when it does not exist or cannot be read.
+/// The largest entry file read (a kernel binary is megabytes; anything bigger is not ours).
+constexpr uint64_t kMaxEntryBytes = 1ull << 30;
+
+/// Reads an entry file: only a regular file (a FIFO or a link to /dev/zero planted in the cache
+/// would hang or exhaust memory), opened without blocking, at most kMaxEntryBytes.
 std::optional<std::vector<unsigned char>> readFile(const fs::path &path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return std::nullopt;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) > kMaxEntryBytes) {
+        ::close(fd);
+        return std::nullopt;
+    }
     std::vector<unsigned char> data;
+    data.reserve(static_cast<size_t>(st.st_size));
     unsigned char buffer[65536];
     for (;;) {
         const ssize_t n = ::read(fd, buffer, sizeof buffer);
@@ -76,6 +88,10 @@ std::optional<std::vector<unsigned char>> readFile(const fs::path &path) {
             return std::nullopt;
         }
         if (n == 0) break;
+        if (data.size() + static_cast<size_t>(n) > kMaxEntryBytes) { // grew while being read
+            ::close(fd);
+            return std::nullopt;
+        }
         data.insert(data.end(), buffer, buffer + n);
     }
     ::close(fd);

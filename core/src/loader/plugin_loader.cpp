@@ -236,6 +236,9 @@ void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
                 continue;
             }
             c.answer = record.outcome;
+            // Only an answer with devices is worth keeping: "no driver" or "no device" may change
+            // with an install or a cable (and probing again costs only this child).
+            if (record.outcome.state != PluginState::Loaded) continue;
             break;
         case ProbeAnswer::Outcome::Crashed:
             record.kind = ProbeRecord::Kind::Crashed;
@@ -292,7 +295,7 @@ void applyOutcome(ProbeOutcome outcome, const Candidate &c, PluginReport &report
 
 /// Loads a candidate: with an isolated probe's answer, only dlopen and plugin_init run here
 /// (and only for a plugin that has devices); without one, the probe runs in this process.
-void load(Candidate &c, PluginReport &report, LoadedPlugins &result) {
+void load(const Config &config, Candidate &c, PluginReport &report, LoadedPlugins &result) {
     if (!c.answer) {
         applyOutcome(probePlugin(c.manifest.library, c.manifest.name, c.options), c, report,
                      result);
@@ -302,9 +305,22 @@ void load(Candidate &c, PluginReport &report, LoadedPlugins &result) {
         applyOutcome(std::move(*c.answer), c, report, result);
         return;
     }
-    applyOutcome(loadWithAnswer(c.manifest.library, c.manifest.name, c.options,
-                                std::move(*c.answer)),
-                 c, report, result);
+    ProbeOutcome outcome =
+        loadWithAnswer(c.manifest.library, c.manifest.name, c.options, std::move(*c.answer));
+    if (outcome.library) {
+        // When this process's own probe (before the first device_open) disagrees with the
+        // answer, the cached answer goes, so the next start probes again in isolation.
+        CacheStore *store = c.cacheKey ? &CacheStore::forConfig(config) : nullptr;
+        outcome.library->expectProbe(
+            outcome.deviceCount, outcome.driverVersion,
+            [store, key = c.cacheKey.value_or(""), name = c.manifest.name](const std::string &why) {
+                log::write(log::Subsystem::Loader, log::Level::Warn,
+                           name + " no longer matches its probe answer (" + why +
+                               "); the answer is dropped and it is probed again at the next start");
+                if (store != nullptr) store->remove(CacheKind::Probes, key);
+            });
+    }
+    applyOutcome(std::move(outcome), c, report, result);
 }
 
 } // namespace
@@ -412,7 +428,7 @@ LoadedPlugins loadPlugins(const Config &config) {
         refuseKnownCrashers(config, candidates, result.reports);
     for (auto &c : candidates) {
         if (c.settled) continue;
-        load(c, result.reports[c.report], result);
+        load(config, c, result.reports[c.report], result);
     }
 
     for (const auto &report : result.reports) {

@@ -89,7 +89,7 @@ ProbeOutcome probePlugin(const std::filesystem::path &path, const std::string &n
     }
     out.state = PluginState::Loaded;
     out.reason = failures;
-    library->markProbed();
+    library->markProbed(out.deviceCount);
     out.library = std::move(library);
     return out;
 }
@@ -232,6 +232,8 @@ ProbeOutcome outcomeFromJson(const Json &j, const std::string &backend) {
     for (size_t i = 0; i < devices.size(); ++i) {
         DeviceInfo d = deviceFromJson(devices[i], backend, "/devices/" + std::to_string(i));
         if (d.index >= o.deviceCount) r.fail("devices", "a device index beyond device_count");
+        if (!o.devices.empty() && d.index <= o.devices.back().index)
+            r.fail("devices", "device indices must increase");
         o.devices.push_back(std::move(d));
     }
     if (o.state == PluginState::Loaded && o.devices.empty())

@@ -7,7 +7,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <string_view>
+#include <vector>
+
+extern char **environ;
 
 namespace backplane::detail {
 namespace {
@@ -39,6 +44,27 @@ std::string fileIdentity(const struct stat &st) {
            " inode " + std::to_string(st.st_ino) + " device " + std::to_string(st.st_dev);
 }
 
+std::string driverEnvironment() {
+    // What steers drivers without showing in any file: device visibility, ICD lists, library
+    // search paths. A change in any of these may change a probe's answer.
+    static constexpr const char *kPrefixes[] = {"CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_DEVICE_",
+                                                "VK_", "MESA_", "LP_", "GALLIUM_", "NVIDIA_",
+                                                "__NV", "ZE_", "LD_LIBRARY_PATH=", "LD_PRELOAD="};
+    std::vector<std::string> relevant;
+    for (char **e = environ; e != nullptr && *e != nullptr; ++e) {
+        const std::string_view entry = *e;
+        for (const char *prefix : kPrefixes)
+            if (entry.rfind(prefix, 0) == 0) {
+                relevant.emplace_back(entry);
+                break;
+            }
+    }
+    std::sort(relevant.begin(), relevant.end());
+    std::string out;
+    for (const auto &entry : relevant) out += entry + '\n';
+    return out;
+}
+
 std::optional<std::string> probeCacheKey(const fs::path &library,
                                          const PluginInitOptions &options) {
     std::error_code ec;
@@ -46,8 +72,9 @@ std::optional<std::string> probeCacheKey(const fs::path &library,
     struct stat st {};
     if (ec || ::stat(canonical.c_str(), &st) != 0) return std::nullopt;
     const uint64_t optionsHash = fnv1a64(options.optionsJson, fnv1a64(options.cacheDir));
-    return "probe v2\n" + canonical.string() + "\n" + fileIdentity(st) + "\noptions " +
-           std::to_string(optionsHash);
+    return "probe v3\n" + canonical.string() + "\n" + fileIdentity(st) + "\noptions " +
+           std::to_string(optionsHash) + "\nenvironment " +
+           std::to_string(fnv1a64(driverEnvironment()));
 }
 
 std::optional<ProbeRecord> loadProbeRecord(const CacheStore &store, const std::string &key,

@@ -41,9 +41,14 @@ std::string fileIdentity(const struct stat &st);
 /// record is retried after this long; a crash record lasts until the library file changes.
 inline constexpr int64_t kTimeoutRecordSeconds = 600;
 
-/// The cache key of `library` probed with `options`: its canonical path and fileIdentity, and a
-/// hash of the options and cache directory handed to plugin_init. Replacing or touching the file
-/// changes it. nullopt when the file cannot be examined.
+/// The environment variables that steer drivers (CUDA_*, HIP_*, ROCR_*, HSA_*, VK_*, MESA_*,
+/// NVIDIA_*, ZE_*, LD_LIBRARY_PATH, LD_PRELOAD...), sorted, one per line.
+std::string driverEnvironment();
+
+/// The cache key of `library` probed with `options`: its canonical path and fileIdentity, a
+/// hash of the options and cache directory handed to plugin_init, and a hash of
+/// driverEnvironment(). Replacing or touching the file, or changing CUDA_VISIBLE_DEVICES, changes
+/// it. nullopt when the file cannot be examined.
 std::optional<std::string> probeCacheKey(const std::filesystem::path &library,
                                          const PluginInitOptions &options);
 

@@ -358,8 +358,16 @@ std::vector<ProbeAnswer> runProbes(const fs::path &helper, const std::vector<Pro
                 }
                 if (c.output >= 0) drain(c.output, c.outputTail, kOutputTail, true);
                 const bool answeredFirst = c.answered;
-                const std::string stage = c.stage.empty() ? "loading" : c.stage;
+                const std::string stage = c.stage;
                 finish(c, status, true);
+                if (stage.empty()) {
+                    // It never reached the plugin: the helper (or the machine) is at fault.
+                    c.answer.outcome = ProbeAnswer::Outcome::HelperFailed;
+                    c.answer.reason = "backplane-probe gave no sign of life in " +
+                                      secondsText(timeoutMs) + " (it never started loading the "
+                                      "plugin)" + isolationNote(c);
+                    continue;
+                }
                 c.answer.outcome = ProbeAnswer::Outcome::TimedOut;
                 c.answer.reason =
                     answeredFirst ? "answered, then gave no answer in " + secondsText(timeoutMs) +

@@ -2,6 +2,7 @@
 #include "plugin_library.hpp"
 
 #include "input/elf_check.hpp"
+#include "plugin/device_info.hpp"
 
 #include <backplane/log.hpp>
 
@@ -256,22 +257,65 @@ bp_probe_result PluginLibrary::probe() const {
     return result;
 }
 
-void PluginLibrary::markProbed() {
+void PluginLibrary::markProbed(uint32_t deviceCount) {
     const std::lock_guard lock(probeMutex_);
     probed_ = true;
+    probedCount_ = deviceCount;
 }
 
-void PluginLibrary::ensureProbed() {
+void PluginLibrary::expectProbe(uint32_t deviceCount, std::string driverVersion,
+                                std::function<void(const std::string &)> onStale) {
     const std::lock_guard lock(probeMutex_);
+    expectedCount_ = deviceCount;
+    expectedDriver_ = std::move(driverVersion);
+    onStale_ = std::move(onStale);
+}
+
+void PluginLibrary::ensureProbed(const DeviceInfo &expected) {
+    const std::lock_guard lock(probeMutex_);
+    const auto stale = [&](const std::string &why) {
+        if (onStale_) onStale_(why);
+        onStale_ = nullptr; // once is enough
+    };
     if (!probed_) {
         probed_ = true;
         try {
-            probe();
+            const bp_probe_result result = probe();
+            probedCount_ = result.device_count;
+            const std::string driver =
+                fieldText(result.driver_version, sizeof(result.driver_version));
+            if (expectedCount_ && (*expectedCount_ != probedCount_ || expectedDriver_ != driver))
+                stale("it now reports " + std::to_string(probedCount_) + " device(s), driver '" +
+                      driver + "'; the listed answer said " + std::to_string(*expectedCount_) +
+                      ", '" + expectedDriver_ + "'");
         } catch (const Error &e) {
             probeFailure_ = e;
+            stale(e.what());
         }
     }
     if (probeFailure_) throw *probeFailure_;
+    if (expected.index >= probedCount_)
+        throw Error(ErrorCode::NotFound,
+                    "cannot open " + expected.id() + ": " + name_ + " now reports " +
+                        std::to_string(probedCount_) +
+                        " device(s); the devices changed since they were listed. Create a new "
+                        "Runtime to list them again",
+                    name_);
+    if (!expectedCount_) return; // listed by this process's own probe: nothing to compare
+    const DeviceInfo now = toDeviceInfo(name_, expected.index, deviceInfo(expected.index));
+    const bool same = expected.hasUuid && now.hasUuid ? expected.uuid == now.uuid
+                                                      : expected.name == now.name;
+    if (!same) {
+        stale("device " + std::to_string(expected.index) + " is now " + now.name + " " +
+              now.uuidString());
+        throw Error(ErrorCode::NotFound,
+                    "cannot open " + expected.id() + " (" + expected.name + " " +
+                        expected.uuidString() + "): that index is now " + now.name + " " +
+                        now.uuidString() +
+                        "; the devices changed since they were listed. Create a new Runtime to "
+                        "list them again",
+                    name_);
+    }
 }
 
 bp_device_info PluginLibrary::deviceInfo(uint32_t index) const {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <backplane/abi/plugin.h>
+#include <backplane/device.hpp>
 #include <backplane/error.hpp>
 
 #include <boost/dll/shared_library.hpp>
@@ -128,12 +129,20 @@ public:
     /// Describes one device; no context is created.
     bp_device_info deviceInfo(uint32_t index) const;
 
-    /// Records that probe() ran in this process (the in-process probe at start).
-    void markProbed();
-    /// Runs probe() in this process if it has not run yet: the loader takes an isolated probe's
-    /// answer instead, and the ABI's order (probe before device_open) is kept by calling this
-    /// before the first device_open. Thread-safe; a failure is remembered and thrown again.
-    void ensureProbed();
+    /// Records that probe() ran in this process (the in-process probe at start) and found
+    /// `deviceCount` devices.
+    void markProbed(uint32_t deviceCount);
+    /// Sets what an isolated probe answered (device count, driver version), for ensureProbed to
+    /// check; `onStale(why)` is called when the plugin in this process disagrees (the loader
+    /// drops the cached answer then).
+    void expectProbe(uint32_t deviceCount, std::string driverVersion,
+                     std::function<void(const std::string &)> onStale);
+    /// Before device_open of `expected`: runs probe() in this process if it has not run yet (the
+    /// loader takes an isolated probe's answer instead; the ABI's order, probe before
+    /// device_open, is kept), then checks that `expected.index` is still below the device count
+    /// and that device_info of it still describes the same device (UUID, else name). Throws
+    /// Error naming what changed; a probe failure is remembered and thrown again. Thread-safe.
+    void ensureProbed(const DeviceInfo &expected);
 
 private:
     PluginLibrary() = default;
@@ -146,7 +155,11 @@ private:
     std::filesystem::path path_;
     std::mutex probeMutex_;
     bool probed_ = false;
+    uint32_t probedCount_ = 0;
     std::optional<Error> probeFailure_;
+    std::optional<uint32_t> expectedCount_;
+    std::string expectedDriver_;
+    std::function<void(const std::string &)> onStale_;
 };
 
 } // namespace backplane::detail

@@ -42,7 +42,7 @@ std::shared_ptr<Driver> Driver::open(std::shared_ptr<PluginLibrary> plugin,
         throw Error(ErrorCode::Unsupported,
                     plugin->name() + " plugin cannot open devices (no device_open in its table)",
                     plugin->name());
-    plugin->ensureProbed(); // its devices may come from an isolated probe's answer
+    plugin->ensureProbed(info); // its devices may come from an isolated probe's answer
     std::shared_ptr<Driver> driver(new Driver());
     driver->plugin_ = std::move(plugin);
     driver->info_ = info;
