@@ -26,6 +26,8 @@
 #include <span>
 #include <string>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <csignal>
 #include <unistd.h>
 #include <vector>
 
@@ -892,4 +894,34 @@ TEST_CASE("a probe helper that never starts loading is the helper's failure, not
     const Runtime repaired(config); // before the fix: probe_timeout, cached for 10 minutes
     CHECK(stateOf(reportOf(repaired, kHostManifest)) == "loaded");
     CHECK(reportOf(repaired, kHostManifest).probe == "isolated");
+}
+
+TEST_CASE("a process killed by the deferred in-host probe makes the next start probe in isolation") {
+    noCoreDumps();
+    Scratch scratch("in-host-crash");
+    const fs::path manifest = kHostileDir / "hostile_crash_marker.json";
+    const fs::path marker = scratch / "crash-now";
+    setenv("BACKPLANE_FIXTURE_CRASH_MARKER", marker.c_str(), 1);
+    Config config = isolatedConfig({manifest});
+    config.cacheEnabled = true;
+    config.cacheDir = scratch / "cache";
+    { CHECK(stateOf(reportOf(Runtime(config), manifest)) == "loaded"); }
+    { std::ofstream(marker) << "x"; } // from now on its probe segfaults
+    // Another process opens the plugin's device: the probe before device_open kills it.
+    const fs::path tool = fs::path(PROJECT_BUILD_ROOT) / "tools" / "backplane" / "backplane";
+    const std::string command = "BACKPLANE_LOG=off BACKPLANE_CACHE_DIR='" +
+                                config.cacheDir.string() + "' BACKPLANE_PLUGIN_PATH='" +
+                                manifest.string() + ":" + kHostManifest.string() +
+                                "' BACKPLANE_DEVICE=hostile_crash_marker:0 '" + tool.string() +
+                                "' demo > /dev/null 2>&1";
+    const int status = std::system(command.c_str());
+    const bool killed = WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGSEGV;
+    CHECK_MESSAGE(killed, "the demo was expected to die of SIGSEGV, status " << status);
+    // Before the marker, every later start took the cached answer and crashed again at open.
+    const Runtime next(config);
+    const PluginReport &report = reportOf(next, manifest);
+    CHECK(report.probe == "isolated");
+    CHECK(stateOf(report) == "probe_crashed");
+    checkHostRunsKernel(next);
+    unsetenv("BACKPLANE_FIXTURE_CRASH_MARKER");
 }

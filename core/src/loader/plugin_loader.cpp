@@ -19,6 +19,10 @@
 #include <optional>
 #include <set>
 #include <system_error>
+#include <fstream>
+#include <cerrno>
+#include <signal.h>
+#include <unistd.h>
 #include <thread>
 
 #ifndef BACKPLANE_BUILD_ROOT
@@ -157,6 +161,33 @@ void settle(Candidate &c, PluginReport &report, PluginState state, const std::st
     c.settled = true;
 }
 
+/// While a plugin's probe runs in this process (before its first device_open, with an answer
+/// from the isolated probe), this file next to the answer holds our pid. Finding it with a
+/// dead pid means that probe killed its process: the answer is dropped so the next start
+/// probes in isolation again (and reports the crash) instead of crashing at every open.
+fs::path inHostMarker(const CacheStore &store, const std::string &key) {
+    fs::path path = store.entryPath(CacheKind::Probes, key);
+    return path.empty() ? path : path.replace_extension(".in-host");
+}
+
+/// Drops the answer of a plugin whose in-host probe killed an earlier process; true if so.
+bool droppedAfterCrash(CacheStore &store, const std::string &key, const std::string &name) {
+    const fs::path marker = inHostMarker(store, key);
+    std::ifstream in(marker);
+    long pid = 0;
+    if (!in || !(in >> pid)) return false;
+    if (pid > 0 && pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM))
+        return false; // still probing in a live process
+    std::error_code ec;
+    fs::remove(marker, ec);
+    store.remove(CacheKind::Probes, key);
+    log::write(log::Subsystem::Loader, log::Level::Warn,
+               name + ": process " + std::to_string(pid) +
+                   " died while probing it before opening a device; its cached probe answer is "
+                   "dropped and it is probed again in isolation");
+    return true;
+}
+
 /// How many isolated probes run at once: enough to overlap slow drivers, few enough that a
 /// busy machine does not push healthy plugins past their timeout.
 unsigned probeParallelism() { return std::clamp(std::thread::hardware_concurrency(), 2u, 8u); }
@@ -184,6 +215,7 @@ void probeIsolated(const Config &config, std::vector<Candidate> &candidates,
         Candidate &c = candidates[i];
         PluginReport &report = reports[c.report];
         if (store != nullptr) c.cacheKey = probeCacheKey(c.manifest.library, c.options);
+        if (c.cacheKey) droppedAfterCrash(*store, *c.cacheKey, c.manifest.name);
         if (c.cacheKey) {
             if (auto record = loadProbeRecord(*store, *c.cacheKey, c.manifest.name)) {
                 if (record->kind == ProbeRecord::Kind::Answered) {
@@ -318,6 +350,12 @@ void load(const Config &config, Candidate &c, PluginReport &report, LoadedPlugin
                            name + " no longer matches its probe answer (" + why +
                                "); the answer is dropped and it is probed again at the next start");
                 if (store != nullptr) store->remove(CacheKind::Probes, key);
+            },
+            [marker = c.cacheKey ? inHostMarker(*store, *c.cacheKey) : fs::path()](bool begin) {
+                if (marker.empty()) return;
+                std::error_code ec;
+                if (begin) std::ofstream(marker) << ::getpid() << "\n";
+                else fs::remove(marker, ec);
             });
     }
     applyOutcome(std::move(outcome), c, report, result);

@@ -264,11 +264,13 @@ void PluginLibrary::markProbed(uint32_t deviceCount) {
 }
 
 void PluginLibrary::expectProbe(uint32_t deviceCount, std::string driverVersion,
-                                std::function<void(const std::string &)> onStale) {
+                                std::function<void(const std::string &)> onStale,
+                                std::function<void(bool)> probing) {
     const std::lock_guard lock(probeMutex_);
     expectedCount_ = deviceCount;
     expectedDriver_ = std::move(driverVersion);
     onStale_ = std::move(onStale);
+    probing_ = std::move(probing);
 }
 
 void PluginLibrary::ensureProbed(const DeviceInfo &expected) {
@@ -279,6 +281,7 @@ void PluginLibrary::ensureProbed(const DeviceInfo &expected) {
     };
     if (!probed_) {
         probed_ = true;
+        if (probing_) probing_(true);
         try {
             const bp_probe_result result = probe();
             probedCount_ = result.device_count;
@@ -292,6 +295,7 @@ void PluginLibrary::ensureProbed(const DeviceInfo &expected) {
             probeFailure_ = e;
             stale(e.what());
         }
+        if (probing_) probing_(false);
     }
     if (probeFailure_) throw *probeFailure_;
     if (expected.index >= probedCount_)

@@ -135,8 +135,11 @@ public:
     /// Sets what an isolated probe answered (device count, driver version), for ensureProbed to
     /// check; `onStale(why)` is called when the plugin in this process disagrees (the loader
     /// drops the cached answer then).
+    /// `probing(true)` / `probing(false)` bracket that in-process probe (the loader leaves a
+    /// marker meanwhile, so a crash there is noticed by the next start).
     void expectProbe(uint32_t deviceCount, std::string driverVersion,
-                     std::function<void(const std::string &)> onStale);
+                     std::function<void(const std::string &)> onStale,
+                     std::function<void(bool)> probing = {});
     /// Before device_open of `expected`: runs probe() in this process if it has not run yet (the
     /// loader takes an isolated probe's answer instead; the ABI's order, probe before
     /// device_open, is kept), then checks that `expected.index` is still below the device count
@@ -160,6 +163,7 @@ private:
     std::optional<uint32_t> expectedCount_;
     std::string expectedDriver_;
     std::function<void(const std::string &)> onStale_;
+    std::function<void(bool)> probing_;
 };
 
 } // namespace backplane::detail
