@@ -375,13 +375,19 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     args.scalar_size = dispatch.scalars.size();
     Driver *driver = driver_.get();
     if (multi_) {
+        bool launchRefused = false; // kernel_launch itself failed (nothing was recorded)
         const auto record = [&] {
             // Recorded right away: the plugin copies what it needs during the call.
             std::lock_guard lock(mutex_);
             submit(slot, std::span(slices.data(), slices.size()), [&](bp_stream *s) {
                 args.bindings = bindings.data();
                 args.scalars = dispatch.scalars.empty() ? nullptr : dispatch.scalars.data();
-                driver->launch(s, args, kernel.name);
+                try {
+                    driver->launch(s, args, kernel.name);
+                } catch (const Error &) {
+                    launchRefused = true;
+                    throw;
+                }
             });
         };
         try {
@@ -389,7 +395,11 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
         } catch (const Error &e) {
             // A binary from the disk cache may pass kernel_load and fail here (Vulkan builds the
             // pipeline at the first launch): the registry recompiles it, with no engine lock
-            // held, and the launch is retried once.
+            // held, and the launch is retried once. Only when the launch call itself failed: a
+            // failure of a flush around it (alignment before, holds after) is not the binary's,
+            // and a retry would record a launch that already went in a second time.
+            if (!launchRefused) throw;
+            launchRefused = false;
             const KernelRegistry::Recompiled fresh =
                 kernels_.recompileAfterLaunchFailure(kernel, handle, e);
             if (fresh.kernel == nullptr) throw;
