@@ -20,7 +20,9 @@ if [ "${1:-}" = build ]; then
     du -sh $build
     exit 0
 fi
-[ "${1:-}" = run ] || { echo "usage: tools/gpu-check.sh build|run" >&2; exit 2; }
+mode=${1:-}
+[ "$mode" = run ] || [ "$mode" = conformance ] ||
+    { echo "usage: tools/gpu-check.sh build|run|conformance" >&2; exit 2; }
 
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -35,8 +37,26 @@ export VK_DRIVER_FILES=/tmp/egl_icd.json
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export BACKPLANE_CACHE_DIR=/tmp/backplane-cache
 tool=/work/main/$build/tools/backplane/backplane
+sanitizer=/usr/local/cuda/bin/compute-sanitizer
+sanitizer_args=(--tool memcheck --report-api-errors no --error-exitcode 9)
 
 nvidia-smi -L
+# `conformance`: only the plugin conformance suite on CUDA and Vulkan (docs/conformance.md), as
+# tables and JSON; the tables go to docs/measurements/.
+if [ "$mode" = conformance ]; then
+    for p in cuda vulkan host; do
+        $tool conformance --plugin $p > "$OUT/conformance-$p.txt" 2>&1
+        echo "conformance $p: rc=$?" | tee -a "$OUT/conformance-summary.txt"
+        $tool conformance --plugin $p --json > "$OUT/conformance-$p.json" 2>/dev/null
+    done
+    if [ -x $sanitizer ]; then
+        timeout 500 $sanitizer "${sanitizer_args[@]}" --target-processes all \
+            $tool conformance --plugin cuda --timeout 300 > "$OUT/memcheck-conformance.log" 2>&1
+        echo "memcheck conformance(cuda): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-conformance.log" | tail -1)" | tee -a "$OUT/conformance-summary.txt"
+    fi
+    tail -n 3 "$OUT"/conformance-*.txt
+    exit 0
+fi
 # Cold (no probe cache: every plugin probed in a backplane-probe child), then warm.
 rm -rf /tmp/backplane-cache
 for start in cold warm; do
@@ -50,15 +70,12 @@ python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests
     --suite cuda --suite vulkan --suite conformance --suite core --suite host --suite streams \
     | tee "$OUT/tests.txt"
 
-sanitizer=/usr/local/cuda/bin/compute-sanitizer
 # Memory errors only: the CUDA plugin learns a kernel's parameter count by asking
 # cuFuncGetParamInfo one index past the last (CUDA_ERROR_INVALID_VALUE by design), which memcheck
 # would count as an API error.
-sanitizer_args=(--tool memcheck --report-api-errors no --error-exitcode 9)
-if [ -x $sanitizer ] && [ -x /work/main/$build/tests/conformance/conformance_test ]; then
-    BACKPLANE_CONFORMANCE_PLUGIN=cuda \
-        BACKPLANE_CONFORMANCE_LIBRARY=/work/main/$build/plugins/cuda/libbackplane_cuda.so timeout 400 $sanitizer "${sanitizer_args[@]}" \
-        /work/main/$build/tests/conformance/conformance_test > "$OUT/memcheck.log" 2>&1
+if [ -x $sanitizer ]; then
+    timeout 500 $sanitizer "${sanitizer_args[@]}" --target-processes all \
+        $tool conformance --plugin cuda --timeout 300 > "$OUT/memcheck.log" 2>&1
     echo "memcheck conformance(cuda): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" | tee -a "$OUT/tests.txt"
     tail -5 "$OUT/memcheck.log"
 fi

@@ -152,6 +152,9 @@ std::unique_ptr<sdk::Memory> GpuDevice::allocate(const bp_memory_allocate_args &
     enter();
     if (args.size == 0)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "memory_allocate: size must be > 0");
+    if (sdk::rawValue(args.kind) > BP_MEMORY_HOST_VISIBLE)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "memory_allocate: unknown memory kind " +
+                                                        std::to_string(sdk::rawValue(args.kind)));
     auto memory = std::make_unique<GpuMemory>(*this, args.kind, args.size);
     *mapped = memory->host();
     return memory;
@@ -222,12 +225,16 @@ uint64_t GpuDevice::elapsedNs(sdk::Event &start, sdk::Event &end) {
 
 void GpuDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) {
     enter();
+    if (args.src == nullptr && args.size > 0)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_host_to_device: src is NULL");
     const auto dst = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
     check(bpv::copyHtoD(driver_, dst, args.src, args.size, sdk::as<GpuStream>(stream).get()));
 }
 
 void GpuDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
     enter();
+    if (args.dst == nullptr && args.size > 0)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_device_to_host: dst is NULL");
     const auto src = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
     check(bpv::copyDtoH(driver_, args.dst, src, args.size, sdk::as<GpuStream>(stream).get()));
 }

@@ -2,18 +2,22 @@
 #include "gpu_compile.hpp"
 #include "gpu_device.hpp"
 
+#include <cstring>
+
 namespace backplane::gpu {
 namespace {
 
-bool acceptsDialect(bp_dialect dialect) {
-    return static_cast<uint32_t>(dialect) < 32 && (bpv::kDialects & (1u << dialect)) != 0;
+bool acceptsDialect(const bp_dialect &dialect) {
+    const uint32_t value = sdk::rawValue(dialect);
+    return value < 32 && (bpv::kDialects & (1u << value)) != 0;
 }
 
-void requireDialect(bp_dialect dialect, const char *operation) {
+void requireDialect(const bp_dialect &dialect, const char *operation) {
     if (!acceptsDialect(dialect))
-        throw sdk::Error(BP_ERROR_UNSUPPORTED,
+        throw sdk::Error(sdk::refusedDialectStatus(dialect),
                          std::string(operation) + ": the " + bpv::kPluginName +
-                             " plugin does not accept dialect " + std::to_string(dialect) +
+                             " plugin does not accept dialect " +
+                             std::to_string(sdk::rawValue(dialect)) +
                              (bpv::kDialects == 1u ? " (only 'cuda')" : " (only 'cuda' and 'hip')"));
 }
 
@@ -29,6 +33,47 @@ std::string describeParameters(const std::vector<size_t> &sizes) {
     }
     if (sizes.size() > kListed) text += ", ...";
     return text + " bytes";
+}
+
+/// Little-endian integer of `bytes` bytes at `offset` of `image` (the caller checked the range).
+uint64_t readLe(const unsigned char *image, size_t offset, size_t bytes) {
+    uint64_t value = 0;
+    for (size_t i = 0; i < bytes; ++i) value |= uint64_t{image[offset + i]} << (8 * i);
+    return value;
+}
+
+/// Why `image` of `size` bytes is not a module the driver may read. The driver call takes no
+/// size: a CUBIN (ELF) or fatbin whose headers reach past `size`, or PTX text without its NUL,
+/// would be read past the caller's buffer. "" when the image is whole.
+std::string moduleImageProblem(const unsigned char *image, size_t size) {
+    const auto within = [size](uint64_t offset, uint64_t length) {
+        return offset <= size && length <= size - offset;
+    };
+    if (size >= 4 && std::memcmp(image, "\x7f" "ELF", 4) == 0) {
+        if (size < 64 || image[4] != 2) return "an ELF image shorter than its 64-bit header";
+        const uint64_t phoff = readLe(image, 0x20, 8), shoff = readLe(image, 0x28, 8);
+        const uint64_t phentsize = readLe(image, 0x36, 2), phnum = readLe(image, 0x38, 2);
+        const uint64_t shentsize = readLe(image, 0x3a, 2), shnum = readLe(image, 0x3c, 2);
+        if (!within(phoff, phentsize * phnum)) return "an ELF image cut inside its program headers";
+        if (!within(shoff, shentsize * shnum)) return "an ELF image cut inside its section headers";
+        for (uint64_t i = 0; i < shnum && shentsize >= 0x28; ++i) {
+            const size_t header = static_cast<size_t>(shoff + i * shentsize);
+            constexpr uint64_t kNoBits = 8; // SHT_NOBITS: no bytes in the file
+            if (readLe(image, header + 4, 4) == kNoBits) continue;
+            if (!within(readLe(image, header + 0x18, 8), readLe(image, header + 0x20, 8)))
+                return "an ELF image cut inside section " + std::to_string(i);
+        }
+        return {};
+    }
+    constexpr uint64_t kFatbinMagic = 0xBA55ED50;
+    if (size >= 4 && readLe(image, 0, 4) == kFatbinMagic) {
+        if (size < 16) return "a fatbin shorter than its header";
+        if (!within(readLe(image, 6, 2), readLe(image, 8, 8))) return "a fatbin cut short";
+        return {};
+    }
+    if (std::memchr(image, '\0', size) == nullptr)
+        return "neither a CUBIN, a fatbin nor NUL-terminated PTX text";
+    return {};
 }
 
 } // namespace
@@ -120,6 +165,13 @@ std::unique_ptr<sdk::Kernel> GpuDevice::load(const bp_kernel_load_args &args) {
     requireDialect(args.dialect, "kernel_load");
     if (args.binary == nullptr || args.binary_size == 0 || args.entry_point == nullptr)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "kernel_load: binary and entry point needed");
+    if (const std::string problem =
+            moduleImageProblem(static_cast<const unsigned char *>(args.binary), args.binary_size);
+        !problem.empty())
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
+                         "kernel_load of '" + std::string(args.entry_point) + "': the " +
+                             std::to_string(args.binary_size) + "-byte blob is " + problem +
+                             "; pass a blob kernel_compile produced, whole");
     return std::make_unique<GpuKernel>(*this, args.binary, args.entry_point);
 }
 
@@ -150,10 +202,17 @@ void GpuDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     uint32_t count = 0;
     for (; count < args.binding_count; ++count) {
         const bp_binding &b = args.bindings[count];
+        if (b.offset % description_.info.binding_alignment != 0)
+            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
+                             "kernel_launch: binding " + std::to_string(count) + " offset " +
+                                 std::to_string(b.offset) + " is not a multiple of " +
+                                 std::to_string(description_.info.binding_alignment));
         pointers[count] = sdk::as<GpuMemory>(b.memory).at(b.offset, b.size);
         params[count] = &pointers[count];
     }
     if (args.scalar_size > 0) params[count++] = const_cast<void *>(args.scalars);
+    // An empty grid is a launch of nothing (as on the other plugins); the driver would refuse it.
+    if (args.grid[0] == 0 || args.grid[1] == 0 || args.grid[2] == 0) return;
     if (args.shared_memory_bytes > 0) kernel.allowSharedMemory(args.shared_memory_bytes);
     check(bpv::launch(driver_, kernel.function(), args.grid, args.block, args.shared_memory_bytes,
                       sdk::as<GpuStream>(stream).get(), count > 0 ? params : nullptr),

@@ -23,16 +23,8 @@ constexpr uint64_t kPageAlignment = 256;
     throw sdk::Error(BP_ERROR_LAUNCH, message);
 }
 
-/// An enum field as the integer a C caller stored: any value may arrive across the ABI, and
-/// loading one outside the enum's range as the enum type is undefined in C++.
-template <class Enum> auto rawValue(const Enum &field) {
-    std::underlying_type_t<Enum> raw;
-    std::memcpy(&raw, &field, sizeof(raw));
-    return raw;
-}
-
 std::string dialectName(const bp_dialect &field) {
-    const auto dialect = rawValue(field);
+    const auto dialect = sdk::rawValue(field);
     switch (dialect) {
     case BP_DIALECT_CUDA:
         return "cuda";
@@ -147,7 +139,7 @@ void HostDevice::releaseBytes(uint64_t bytes) noexcept {
 
 std::unique_ptr<sdk::Memory> HostDevice::allocate(const bp_memory_allocate_args &args,
                                                   void **mapped) {
-    const auto kind = rawValue(args.kind);
+    const auto kind = sdk::rawValue(args.kind);
     if (kind != BP_MEMORY_DEVICE && kind != BP_MEMORY_PINNED_HOST && kind != BP_MEMORY_HOST_VISIBLE)
         invalid("memory_allocate: unknown memory kind " + std::to_string(kind));
     if (args.size == 0) invalid("memory_allocate: size must be > 0");
@@ -314,8 +306,8 @@ void HostDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
 
 void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput &out) {
     const std::string entry = args.entry_point ? args.entry_point : "";
-    if (rawValue(args.dialect) != BP_DIALECT_HOST)
-        throw sdk::Error(BP_ERROR_UNSUPPORTED,
+    if (sdk::rawValue(args.dialect) != BP_DIALECT_HOST)
+        throw sdk::Error(sdk::refusedDialectStatus(args.dialect),
                          "kernel_compile of '" + entry +
                              "': the host plugin runs only the host "
                              "dialect (native functions), not " +
@@ -334,8 +326,8 @@ void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput 
 
 std::unique_ptr<sdk::Kernel> HostDevice::load(const bp_kernel_load_args &args) {
     const std::string entry = args.entry_point ? args.entry_point : "";
-    if (rawValue(args.dialect) != BP_DIALECT_HOST)
-        throw sdk::Error(BP_ERROR_UNSUPPORTED, "kernel_load of '" + entry +
+    if (sdk::rawValue(args.dialect) != BP_DIALECT_HOST)
+        throw sdk::Error(sdk::refusedDialectStatus(args.dialect), "kernel_load of '" + entry +
                                                    "': the host plugin cannot load a " +
                                                    dialectName(args.dialect) + " blob");
     const bp_host_kernel_source source =

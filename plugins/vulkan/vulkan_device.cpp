@@ -159,9 +159,17 @@ void VulkanStream::recycle(Slot &slot) {
         if (staging->size() == kStagingChunk && freeStaging_.size() < kMaxFreeStaging)
             freeStaging_.push_back(std::move(staging));
     slot.staging.clear();
+    slot.retained.clear();
     if (slot.descriptors != VK_NULL_HANDLE)
         device_.check(device_.fn().vkResetDescriptorPool(device_.handle(), slot.descriptors, 0),
                       "vkResetDescriptorPool");
+}
+
+void VulkanStream::retain(std::shared_ptr<const void> object) {
+    record(); // a batch is open
+    auto &retained = slot_->retained;
+    // Launches of one kernel in a row keep one reference.
+    if (retained.empty() || retained.back() != object) retained.push_back(std::move(object));
 }
 
 VulkanStream::Slot VulkanStream::acquireSlot() {
@@ -649,6 +657,13 @@ std::unique_ptr<sdk::Memory> VulkanDevice::allocate(const bp_memory_allocate_arg
     if (args.kind != BP_MEMORY_DEVICE && args.kind != BP_MEMORY_PINNED_HOST &&
         args.kind != BP_MEMORY_HOST_VISIBLE)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "memory_allocate: unknown memory kind");
+    // The declared limit is kept, so that what device_info promises is what allocation does.
+    if (args.size > physical_.info.max_allocation_bytes)
+        throw sdk::Error(BP_ERROR_OUT_OF_MEMORY,
+                         "memory_allocate: " + std::to_string(args.size) +
+                             " bytes exceed max_allocation_bytes " +
+                             std::to_string(physical_.info.max_allocation_bytes) +
+                             " of this device; allocate smaller pages");
     auto memory = std::make_unique<VulkanMemory>(*this, args.kind, args.size);
     *mapped = args.kind == BP_MEMORY_DEVICE ? nullptr : memory->mapped();
     return memory;
@@ -954,6 +969,10 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     if (threads > info.max_block_threads)
         fail(BP_ERROR_LAUNCH, std::to_string(threads) + " threads per block exceed " +
                                   std::to_string(info.max_block_threads));
+    if (args.shared_memory_bytes > info.max_shared_memory_bytes)
+        fail(BP_ERROR_LAUNCH, std::to_string(args.shared_memory_bytes) +
+                                  " bytes of shared memory exceed the device's " +
+                                  std::to_string(info.max_shared_memory_bytes));
 
     std::array<BufferRange, 32> writes;
     std::array<VkDescriptorBufferInfo, 32> buffers;
@@ -993,6 +1012,7 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     s.orderAccess(StageClass::Compute, nullptr, 0, writes.data(), args.binding_count,
                   grid ? &gridRead : nullptr);
     VkCommandBuffer commands = s.record();
+    s.retain(kernel.objects()); // kernel_release may come before this batch completed
     // Record only the state that differs from what this command buffer has bound already:
     // pipeline, descriptors (same layout and buffers) and push constants (same layout and bytes)
     // all persist across dispatches of one command buffer.

@@ -157,12 +157,27 @@ struct KernelPipeline {
     VkPipelineLayout layout = VK_NULL_HANDLE;         ///< owned by the device (layout cache)
 };
 
+/// The Vulkan objects of one kernel: its module and its pipelines. Shared by the kernel and by
+/// every batch that recorded a launch of it, so that kernel_release while launches are recorded
+/// or pending destroys them only once the last such batch completed.
+struct KernelObjects {
+    explicit KernelObjects(VulkanDevice &owner) : device(owner) {}
+    ~KernelObjects();
+    KernelObjects(const KernelObjects &) = delete;
+    KernelObjects &operator=(const KernelObjects &) = delete;
+
+    VulkanDevice &device;
+    VkShaderModule module = VK_NULL_HANDLE;
+    std::mutex mutex;
+    std::map<std::array<uint32_t, 5>, KernelPipeline> pipelines; ///< nodes never move
+    std::atomic<const KernelPipeline *> last{nullptr};          ///< the latest one used
+};
+
 /// A loaded SPIR-V module, its reflected launch interface and its pipelines, one per (block size,
 /// binding count, shared bytes). kernel_load refuses a module SPIRV-Cross cannot reflect.
 class VulkanKernel : public sdk::Kernel {
 public:
     VulkanKernel(VulkanDevice &device, const bp_kernel_load_args &args);
-    ~VulkanKernel() override;
     VulkanKernel(const VulkanKernel &) = delete;
     VulkanKernel &operator=(const VulkanKernel &) = delete;
 
@@ -178,6 +193,8 @@ public:
     /// Scalar bytes a launch must give at least: the declared size of the push-constant block
     /// the entry point uses; 0 when it uses none.
     uint32_t pushConstantBytes() const noexcept { return pushConstantBytes_; }
+    /// What a batch recording a launch keeps alive (VulkanStream::retain).
+    const std::shared_ptr<KernelObjects> &objects() const noexcept { return objects_; }
 
 private:
     VulkanDevice &device_;
@@ -185,10 +202,7 @@ private:
     std::string spirvEntryPoint_; ///< the OpEntryPoint the pipeline uses
     uint32_t bindingCount_ = 0;
     uint32_t pushConstantBytes_ = 0;
-    VkShaderModule module_ = VK_NULL_HANDLE;
-    std::mutex mutex_;
-    std::map<std::array<uint32_t, 5>, KernelPipeline> pipelines_; ///< nodes never move
-    std::atomic<const KernelPipeline *> last_{nullptr};           ///< the latest one used
+    std::shared_ptr<KernelObjects> objects_;
 };
 
 /// A byte range of one buffer, for the barrier rule.
@@ -268,6 +282,9 @@ public:
     };
     Staging staging(uint64_t size);
 
+    /// Keeps `object` alive until the open batch completed (a kernel a recorded launch uses).
+    void retain(std::shared_ptr<const void> object);
+
     /// A descriptor set for this batch (only without VK_KHR_push_descriptor).
     VkDescriptorSet allocateDescriptorSet(VkDescriptorSetLayout layout);
 
@@ -283,6 +300,7 @@ private:
         uint64_t value = 0;
         std::vector<std::unique_ptr<VulkanMemory>> staging;
         uint64_t stagingUsed = 0; ///< bytes used in staging.back()
+        std::vector<std::shared_ptr<const void>> retained; ///< kept alive until it completed
     };
     /// An access not yet ordered before later commands of one stage class.
     struct PendingAccess {

@@ -131,7 +131,7 @@ void VulkanDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutpu
         return;
     }
     if (args.dialect != BP_DIALECT_GLSL)
-        throw sdk::Error(BP_ERROR_UNSUPPORTED,
+        throw sdk::Error(sdk::refusedDialectStatus(args.dialect),
                          what + ": the Vulkan plugin compiles GLSL and SPIR-V kernels only");
 
     ShadercCompiler sc;
@@ -185,7 +185,7 @@ void VulkanDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutpu
 std::unique_ptr<sdk::Kernel> VulkanDevice::load(const bp_kernel_load_args &args) {
     failIfUnusable();
     if (args.dialect != BP_DIALECT_GLSL && args.dialect != BP_DIALECT_SPIRV)
-        throw sdk::Error(BP_ERROR_UNSUPPORTED,
+        throw sdk::Error(sdk::refusedDialectStatus(args.dialect),
                          "kernel_load: the Vulkan plugin loads SPIR-V blobs (GLSL or SPIR-V)");
     return std::make_unique<VulkanKernel>(*this, args);
 }
@@ -217,15 +217,15 @@ VulkanKernel::VulkanKernel(VulkanDevice &device, const bp_kernel_load_args &args
     auto info = vkStruct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
     info.codeSize = args.binary_size;
     info.pCode = static_cast<const uint32_t *>(args.binary);
-    device.check(device.fn().vkCreateShaderModule(device.handle(), &info, nullptr, &module_),
+    objects_ = std::make_shared<KernelObjects>(device);
+    device.check(device.fn().vkCreateShaderModule(device.handle(), &info, nullptr, &objects_->module),
                  "vkCreateShaderModule");
 }
 
-VulkanKernel::~VulkanKernel() {
-    const auto &fn = device_.fn();
-    for (auto &[key, entry] : pipelines_)
-        fn.vkDestroyPipeline(device_.handle(), entry.pipeline, nullptr);
-    fn.vkDestroyShaderModule(device_.handle(), module_, nullptr);
+KernelObjects::~KernelObjects() {
+    const auto &fn = device.fn();
+    for (auto &[key, entry] : pipelines) fn.vkDestroyPipeline(device.handle(), entry.pipeline, nullptr);
+    fn.vkDestroyShaderModule(device.handle(), module, nullptr);
 }
 
 const KernelPipeline &VulkanKernel::pipeline(const uint32_t block[3], uint32_t bindingCount,
@@ -233,12 +233,13 @@ const KernelPipeline &VulkanKernel::pipeline(const uint32_t block[3], uint32_t b
     const std::array<uint32_t, 5> key{block[0], block[1], block[2], bindingCount, sharedBytes};
     // Back-to-back launches of one shape skip the lock and the map: entries are immutable and
     // live as long as the kernel.
-    if (const KernelPipeline *last = last_.load(std::memory_order_acquire);
+    KernelObjects &objects = *objects_;
+    if (const KernelPipeline *last = objects.last.load(std::memory_order_acquire);
         last != nullptr && last->key == key)
         return *last;
-    std::lock_guard lock(mutex_);
-    if (auto it = pipelines_.find(key); it != pipelines_.end()) {
-        last_.store(&it->second, std::memory_order_release);
+    std::lock_guard lock(objects.mutex);
+    if (auto it = objects.pipelines.find(key); it != objects.pipelines.end()) {
+        objects.last.store(&it->second, std::memory_order_release);
         return it->second;
     }
 
@@ -256,7 +257,7 @@ const KernelPipeline &VulkanKernel::pipeline(const uint32_t block[3], uint32_t b
     auto info = vkStruct<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
     info.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
     info.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
-    info.stage.module = module_;
+    info.stage.module = objects.module;
     info.stage.pName = spirvEntryPoint_.c_str();
     info.stage.pSpecializationInfo = &specialization;
     const auto [setLayout, pipelineLayout] = device_.layout(bindingCount);
@@ -272,9 +273,9 @@ const KernelPipeline &VulkanKernel::pipeline(const uint32_t block[3], uint32_t b
                          result);
     device_.check(result, "vkCreateComputePipelines");
     const KernelPipeline &entry =
-        pipelines_.emplace(key, KernelPipeline{key, pipeline, setLayout, pipelineLayout})
+        objects.pipelines.emplace(key, KernelPipeline{key, pipeline, setLayout, pipelineLayout})
             .first->second;
-    last_.store(&entry, std::memory_order_release);
+    objects.last.store(&entry, std::memory_order_release);
     return entry;
 }
 

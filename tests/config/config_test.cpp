@@ -331,3 +331,23 @@ TEST_CASE("prints the effective settings as JSON with the file's keys") {
     CHECK(json.find("\"dir\": \"/tmp/x\"") != std::string::npos);
     CHECK(json.find("\"level\": \"balanced\"") != std::string::npos);
 }
+
+TEST_CASE("remembers whether devices.prefer came from the file or from BACKPLANE_DEVICE") {
+    TempDir dir;
+    const fs::path file = dir.write("backplane.json", R"({"devices": {"prefer": ["host"]}})");
+    Config c = readConfigFile(file);
+    CHECK(c.devicePreferenceSource == file.string());
+    CHECK(backplane::toJson(c).find("\"prefer_source\": \"" + file.string() + "\"") !=
+          std::string::npos);
+    {
+        const ScopedEnv device("BACKPLANE_DEVICE", "fakecpu");
+        backplane::applyEnvironment(c);
+    }
+    CHECK(c.devicePreference == std::vector<std::string>{"fakecpu"});
+    CHECK(c.devicePreferenceSource == "BACKPLANE_DEVICE");
+    CHECK(backplane::toJson(c).find("\"prefer_source\": \"BACKPLANE_DEVICE\"") !=
+          std::string::npos);
+    const Config none = readConfigFile(dir.write("none.json", "{}"));
+    CHECK(none.devicePreferenceSource.empty());
+    CHECK(backplane::toJson(none).find("\"prefer_source\": null") != std::string::npos);
+}

@@ -1,4 +1,4 @@
-// Kernels of the conformance suite in every dialect (HOST, GLSL, CUDA) per docs/streams.md ("Kernels").
+// Saxpy in every dialect (HOST, GLSL, CUDA, HIP) for the C++ tests that need a kernel per plugin.
 #pragma once
 
 #include <backplane/kernel.hpp>

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <concepts>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -38,9 +39,9 @@ TEST_CASE("pinned buffers transfer directly") {
     PinnedBuffer pinned = client.allocatePinned(4096);
     std::memset(pinned.data(), 0x5a, 4096);
     Buffer b = client.empty(4096);
-    client.write(b, pinned, 4096);
+    client.write(b, 0, pinned, 4096);
     PinnedBuffer back = client.allocatePinned(4096);
-    client.read(b, back, 4096);
+    client.readInto(b, 0, back, 4096);
     CHECK(std::memcmp(back.data(), pinned.data(), 4096) == 0);
 }
 
@@ -179,4 +180,219 @@ TEST_CASE("fill and device copies are stream-ordered") {
     const auto out = client.readAs<uint32_t>(b);
     CHECK(out.front() == 0x01020304u);
     CHECK(out.back() == 0x01020304u);
+}
+
+// ----- API sharp edges (issue 12) ----------------------------------------------------------------
+
+TEST_CASE("readAs refuses a buffer whose size is not a whole number of elements") {
+    ComputeClient client = openHost();
+    Buffer odd = client.empty(10);
+    try {
+        (void)client.readAs<uint32_t>(odd);
+        FAIL("readAs<uint32_t> of 10 bytes should throw");
+    } catch (const Error &e) {
+        CHECK((e.code() == ErrorCode::InvalidArgument));
+        const std::string message = e.what();
+        CHECK(message.find("10 bytes") != std::string::npos);
+        CHECK(message.find("sizeof(T) = 4") != std::string::npos);
+    }
+    std::vector<uint16_t> halves = {1, 2, 3, 4, 5};
+    Buffer even = client.createFrom<uint16_t>(halves);
+    CHECK(client.readAs<uint16_t>(even) == halves); // the client stays usable
+}
+
+namespace {
+
+void checkZeroByteBuffer(const std::string &mode) {
+    CAPTURE(mode);
+    ComputeClient client = openHost(R"({"mode":")" + mode + R"("})");
+    const uint64_t pages = client.stats().pageAllocations;
+    Buffer zero = client.empty(0);
+    CHECK(zero.valid());
+    CHECK(zero.size() == 0);
+    Buffer created = client.create(nullptr, 0);
+    CHECK(created.size() == 0);
+    CHECK(created.id() != zero.id());
+    CHECK(client.stats().pageAllocations == pages);
+    const MemoryUsage usage = client.memoryUsage();
+    CHECK(usage.pageCount == 0);
+    CHECK(usage.bytesReserved == 0);
+    CHECK(usage.allocationCount == 0);
+
+    CHECK(client.read(zero).wait().empty());
+    CHECK(client.readAs<uint32_t>(zero).empty());
+    client.write(zero, 0, nullptr, 0);
+    client.readInto(zero, 0, nullptr, 0);
+    PinnedBuffer pinned = client.allocatePinned(16);
+    client.write(zero, 0, pinned, 0);
+    client.readInto(zero, 0, pinned, 0);
+    client.fill(zero, 0x01020304u);
+    Buffer other = client.createFrom<uint32_t>(std::vector<uint32_t>{7, 7, 7, 7});
+    client.copy(zero, 0, other, 16, 0);
+    client.copy(other, 0, zero, 0, 0);
+    const std::vector<uint64_t> empty = {0, 8};
+    CHECK(client.emptyTensor(empty, 4).buffer.size() == 0);
+    CHECK(client.stats().pageAllocations == pages + 1); // `other` only
+    uint32_t word = 1;
+    CHECK_THROWS_AS(client.write(zero, 0, &word, 4), Error); // a transfer into it overruns it
+
+    // A kernel cannot bind it: binding 1 is named.
+    try {
+        client.execute(saxpyKernel(), saxpyDispatch(other, zero, 1.0f, 0));
+        FAIL("binding a zero-byte buffer should throw");
+    } catch (const Error &e) {
+        CHECK((e.code() == ErrorCode::InvalidArgument));
+        CHECK(std::string(e.what()).find("binding 1 is a zero-byte Buffer") != std::string::npos);
+    }
+    CHECK_THROWS_WITH_AS(client.nativeHandle(NativeKind::Memory, &zero),
+                         doctest::Contains("zero-byte Buffer has no memory"), Error);
+    client.sync();
+    CHECK(client.readAs<uint32_t>(other) == std::vector<uint32_t>{7, 7, 7, 7});
+}
+
+} // namespace
+
+TEST_CASE("a zero-byte buffer takes no page and is usable wherever a buffer is") {
+    checkZeroByteBuffer("async");
+    checkZeroByteBuffer("sync"); // scheduler streams
+}
+
+TEST_CASE("a buffer used with the wrong client says whose it is") {
+    const std::string twoDevices = R"({"mode":"async","devices":2})";
+    ComputeClient client = openHost(twoDevices);
+    ComputeClient again = openHost(twoDevices);         // another open() of host:0
+    ComputeClient second = openHost(twoDevices, {}, 1); // host:1
+    Buffer mine = client.empty(16);
+    const auto messageOf = [](auto &&call) {
+        try {
+            call();
+        } catch (const Error &e) {
+            CHECK((e.code() == ErrorCode::InvalidArgument));
+            return std::string(e.what());
+        }
+        FAIL("expected an error");
+        return std::string();
+    };
+    const std::string fromOtherOpen = messageOf([&] { (void)again.read(mine); });
+    CHECK(fromOtherOpen.find("another open() of host:0") != std::string::npos);
+    CHECK(fromOtherOpen.find("another device") == std::string::npos);
+
+    const std::string fromOtherDevice = messageOf([&] { second.fill(mine, 0); });
+    CHECK(fromOtherDevice.find("belongs to host:0") != std::string::npos);
+    CHECK(fromOtherDevice.find("this client's device is host:1") != std::string::npos);
+
+    Buffer orphan;
+    {
+        ComputeClient gone = openHost(twoDevices);
+        orphan = gone.empty(16);
+    }
+    const std::string fromClosed = messageOf([&] { client.copy(orphan, 0, mine, 0, 16); });
+    CHECK(fromClosed.find("was closed") != std::string::npos);
+    CHECK(client.readAs<uint32_t>(mine).size() == 4); // still usable
+}
+
+TEST_CASE("profileEnd out of order, twice or from another client is refused") {
+    ComputeClient client = openHost();
+    const ProfileToken outer = client.profileStart();
+    const ProfileToken inner = client.profileStart();
+    try {
+        client.profileEnd(outer);
+        FAIL("ending the outer token first should throw");
+    } catch (const Error &e) {
+        CHECK((e.code() == ErrorCode::InvalidArgument));
+        CHECK(std::string(e.what()).find("token " + std::to_string(inner.id) + " is still open") !=
+              std::string::npos);
+    }
+    // Nothing was ended by the refused call: the right order still works.
+    client.profileEnd(inner);
+    client.profileEnd(outer);
+    CHECK_THROWS_WITH_AS(client.profileEnd(outer), doctest::Contains("already ended"), Error);
+    CHECK_THROWS_WITH_AS(client.profileEnd(ProfileToken{}),
+                         doctest::Contains("not returned by profileStart"), Error);
+
+    ComputeClient other = openHost();
+    const ProfileToken theirs = other.profileStart();
+    CHECK_THROWS_WITH_AS(client.profileEnd(theirs), doctest::Contains("another ComputeClient"),
+                         Error);
+    other.profileEnd(theirs);
+
+    // Tokens of different streams do not nest with each other.
+    ProfileToken first, second;
+    {
+        StreamGuard stream(1000);
+        first = client.profileStart();
+    }
+    {
+        StreamGuard stream(1001);
+        second = client.profileStart();
+    }
+    client.profileEnd(first);
+    client.profileEnd(second);
+}
+
+// Every transfer takes (buffer, offset, host side, size). A literal 0 offset picks read()'s only
+// overload, and the old orders no longer compile, so no old call quietly changes meaning.
+template <class Client>
+concept ReadsOffsetThenSize = requires(Client &c, const Buffer &b, uint64_t n) {
+    { c.read(b, 0, n) } -> std::same_as<ReadFuture>;
+    { c.read(b, 0, 16) } -> std::same_as<ReadFuture>;
+};
+template <class Client>
+concept TakesOldReadIntoOrder = requires(Client &c, const Buffer &b, void *into, uint64_t n) {
+    c.read(b, into, n);
+};
+template <class Client>
+concept TakesOldWriteOrder = requires(Client &c, const Buffer &b, const void *data, uint64_t n) {
+    c.write(b, data, n, n);
+};
+template <class Client>
+concept TakesOldPinnedOrder = requires(Client &c, const Buffer &b, const PinnedBuffer &p,
+                                       uint64_t n) {
+    c.write(b, p, n);
+};
+static_assert(ReadsOffsetThenSize<ComputeClient>);
+static_assert(!TakesOldReadIntoOrder<ComputeClient>);
+static_assert(!TakesOldWriteOrder<ComputeClient>);
+static_assert(!TakesOldPinnedOrder<ComputeClient>);
+
+TEST_CASE(
+    "every transfer takes the offset before the size; read(buffer, 0, n) is offset 0, n bytes") {
+    ComputeClient client = openHost();
+    std::vector<uint8_t> bytes(16);
+    std::iota(bytes.begin(), bytes.end(), uint8_t{0});
+    Buffer b = client.createFrom<uint8_t>(bytes);
+    const auto asBytes = [](const std::vector<std::byte> &v) {
+        std::vector<uint8_t> out(v.size());
+        std::memcpy(out.data(), v.data(), v.size());
+        return out;
+    };
+    const uint64_t n = 8;
+    CHECK(asBytes(client.read(b, 0, n).wait()) == std::vector<uint8_t>{0, 1, 2, 3, 4, 5, 6, 7});
+    CHECK(asBytes(client.read(b, 4, 8).wait()) == std::vector<uint8_t>{4, 5, 6, 7, 8, 9, 10, 11});
+    CHECK(asBytes(client.read(b, 12).wait()) == std::vector<uint8_t>{12, 13, 14, 15});
+    CHECK(client.read(b, 16).wait().empty());
+
+    const uint8_t four[4] = {0xa0, 0xa1, 0xa2, 0xa3};
+    client.write(b, 12, four, 4);
+    uint8_t into[4] = {};
+    client.readInto(b, 10, into, 4);
+    CHECK(std::vector<uint8_t>(into, into + 4) == std::vector<uint8_t>{10, 11, 0xa0, 0xa1});
+
+    PinnedBuffer pinned = client.allocatePinned(8);
+    std::memset(pinned.data(), 0x5c, 8);
+    client.write(b, 2, pinned, 2);
+    PinnedBuffer back = client.allocatePinned(8);
+    client.readInto(b, 0, back, 4);
+    const auto *seen = static_cast<const uint8_t *>(back.data());
+    CHECK(std::vector<uint8_t>(seen, seen + 4) == std::vector<uint8_t>{0, 1, 0x5c, 0x5c});
+
+    // A range past the end is an error for every transfer, read() included (no silent clamp).
+    CHECK_THROWS_WITH_AS(client.read(b, 12, 8), doctest::Contains("overruns a buffer of 16"),
+                         Error);
+    CHECK_THROWS_AS(client.read(b, 17), Error);
+    CHECK_THROWS_AS(client.readInto(b, 8, into, 9), Error);
+    CHECK_THROWS_AS(client.write(b, 16, four, 1), Error);
+    CHECK_THROWS_WITH_AS(client.write(b, 0, pinned, 9), doctest::Contains("PinnedBuffer of 8"),
+                         Error);
+    CHECK_THROWS_WITH_AS(client.readInto(b, 0, nullptr, 4), doctest::Contains("null"), Error);
 }

@@ -22,12 +22,13 @@
 
 namespace enginetest {
 
-/// Opens host device 0. `options` is the host plugin's options JSON.
+/// Opens host device `device` (0 unless the options ask for more devices); every call is a
+/// separate open(). `options` is the host plugin's options JSON.
 inline backplane::ComputeClient openHost(const std::string &options = R"({"mode":"async"})",
-                                         backplane::Config config = {}) {
+                                         backplane::Config config = {}, uint32_t device = 0) {
     auto plugin = backplane::detail::PluginLibrary::open(HOST_PLUGIN_PATH, "host",
                                                          {.cacheDir = "", .optionsJson = options});
-    const auto info = backplane::detail::toDeviceInfo("host", 0, plugin->deviceInfo(0));
+    const auto info = backplane::detail::toDeviceInfo("host", device, plugin->deviceInfo(device));
     config.cacheEnabled = false;
     return backplane::detail::openComputeClient(plugin, info, config);
 }

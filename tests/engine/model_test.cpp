@@ -454,7 +454,7 @@ private:
         const Range r = pickRange(t.words.size());
         const std::vector<uint32_t> data = randomWords(r.count);
         note("write %s [%llu, +%llu) B", t.name.c_str(), bytes(r.first), bytes(r.count));
-        client_.write(t.buffer, data.data(), r.count * 4, r.first * 4);
+        client_.write(t.buffer, r.first * 4, data.data(), r.count * 4);
         std::copy(data.begin(), data.end(), t.words.data() + r.first);
         std::fill_n(t.known.data() + r.first, r.count, 1);
     }
@@ -483,7 +483,7 @@ private:
             note("read %s [%llu, +%llu) B (into memory)", t.name.c_str(), bytes(r.first),
                  bytes(r.count));
             std::vector<uint32_t> got(r.count);
-            client_.read(t.buffer, got.data(), r.count * 4, r.first * 4);
+            client_.readInto(t.buffer, r.first * 4, got.data(), r.count * 4);
             right = check(t.name, r.first, got.data(), got.size(), t.words.data() + r.first,
                           t.known.data() + r.first, r.count, "read (into memory)");
         }
@@ -664,7 +664,7 @@ private:
         } else {
             t->words = randomWords(words);
             note("write %s all", t->name.c_str());
-            client_.write(t->buffer, t->words.data(), words * 4);
+            client_.write(t->buffer, 0, t->words.data(), words * 4);
         }
         std::fill(t->known.begin(), t->known.end(), 1);
         live_.push_back(std::move(t));

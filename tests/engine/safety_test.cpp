@@ -498,21 +498,20 @@ TEST_CASE("large transfers on a nearly full device succeed or fail with OutOfMem
             const std::vector<uint32_t> in(n, pattern);
             bool written = false;
             try {
-                client.write(data, in.data(), bytes);
+                client.write(data, 0, in.data(), bytes);
                 written = true;
             } catch (const Error &e) {
                 expectOutOfMemory(e);
             }
             std::vector<uint32_t> out(n, 0);
             try {
-                client.read(data, out.data(), bytes);
+                client.readInto(data, 0, out.data(), bytes);
                 if (written) CHECK(countNot(out, pattern) == 0);
             } catch (const Error &e) {
                 expectOutOfMemory(e);
             }
             try {
-                const std::vector<uint32_t> part =
-                    words(client.read(data, uint64_t{0}, kMiB).wait());
+                const std::vector<uint32_t> part = words(client.read(data, 0, kMiB).wait());
                 if (written) CHECK(countNot(part, pattern) == 0);
             } catch (const Error &e) {
                 expectOutOfMemory(e);
@@ -521,9 +520,9 @@ TEST_CASE("large transfers on a nearly full device succeed or fail with OutOfMem
         filler = Buffer();
         client.memoryCleanup();
         const std::vector<uint32_t> in(n, 0x5A5A5A5Au);
-        client.write(data, in.data(), bytes);
+        client.write(data, 0, in.data(), bytes);
         std::vector<uint32_t> out(n, 0);
-        client.read(data, out.data(), bytes);
+        client.readInto(data, 0, out.data(), bytes);
         CHECK(countNot(out, 0x5A5A5A5Au) == 0);
     }
 }
@@ -596,7 +595,7 @@ void otherStreamRunsWhileOneIsBlocked(Blocker blocker) {
             seen = client.readAs<uint32_t>(dst);
             break;
         case Blocker::FutureWait: {
-            ReadFuture future = client.read(dst, uint64_t{0}, 4096); // small: the pinned path
+            ReadFuture future = client.read(dst, 0, 4096); // small: the pinned path
             seen = words(future.wait());
             break;
         }
@@ -605,7 +604,7 @@ void otherStreamRunsWhileOneIsBlocked(Blocker blocker) {
             break;
         case Blocker::PageableRead:
             seen.resize(n);
-            client.read(dst, seen.data(), uint64_t{n} * 4);
+            client.readInto(dst, 0, seen.data(), uint64_t{n} * 4);
             break;
         }
     });
@@ -942,9 +941,9 @@ void unstagedTransferUsesPinnedMemory(PageableTransfer transfer) {
         started = true;
         if (transfer == PageableTransfer::Read) {
             seen.resize(n);
-            client.read(dst, seen.data(), bytes); // ordered after the gated kernel
+            client.readInto(dst, 0, seen.data(), bytes); // ordered after the gated kernel
         } else {
-            client.write(dst, written.data(), bytes);
+            client.write(dst, 0, written.data(), bytes);
         }
     });
     REQUIRE(watchdog.waitUntil([&] { return started.load(); }));
@@ -1049,7 +1048,7 @@ void cleanupReturnsWhileCrossStreamWorkGoesOn(bool outOfMemory) {
             Dispatch d;
             d.bindings = {shared, mine};
             client.execute(slowKernel(), d);
-            inflight.push_back(client.read(mine, uint64_t{0}, uint64_t{4}));
+            inflight.push_back(client.read(mine, 0, 4));
             ++rounds;
             if (inflight.size() > 8) {
                 inflight.front().wait();
@@ -1133,7 +1132,7 @@ TEST_CASE("a stream's cross-stream reads go on while another stream's hold waits
     {
         StreamGuard onA(kA);
         client.execute(Gate<0>::kernel(), Gate<0>::copy(srcA, dstA, n));
-        pendingA = client.read(dstA, uint64_t{0}, uint64_t{256}); // A's fence carries the holds
+        pendingA = client.read(dstA, 0, 256); // A's fence carries the holds
     }
     REQUIRE(watchdog.waitUntil([&] { return gate.entered() > 0; }));
     constexpr int kReads = 200;

@@ -124,7 +124,7 @@ TEST_CASE("a buffer written on another stream is read after that write") {
     {
         StreamGuard onB(6);
         std::vector<uint32_t> data(n, 9);
-        client.write(shared, data.data(), n * 4);
+        client.write(shared, 0, data.data(), n * 4);
     }
     StreamGuard onA(5);
     const auto seen = client.readAs<uint32_t>(shared);

@@ -6,8 +6,13 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +30,49 @@ Config fixtureConfig() {
 }
 
 std::string codeOf(const Error &e) { return backplane::toString(e.code()); }
+
+/// Sets an environment variable for one scope, then restores it.
+class ScopedEnv {
+public:
+    ScopedEnv(const char *name, const std::string &value) : name_(name) {
+        if (const char *old = std::getenv(name)) old_ = old;
+        setenv(name, value.c_str(), 1);
+    }
+    ~ScopedEnv() {
+        if (old_)
+            setenv(name_, old_->c_str(), 1);
+        else
+            unsetenv(name_);
+    }
+    ScopedEnv(const ScopedEnv &) = delete;
+    ScopedEnv &operator=(const ScopedEnv &) = delete;
+
+private:
+    const char *name_;
+    std::optional<std::string> old_;
+};
+
+/// A config file for one scope (removed at the end).
+struct ScopedConfigFile {
+    std::filesystem::path path;
+    explicit ScopedConfigFile(const std::string &text)
+        : path(std::filesystem::temp_directory_path() /
+               ("backplane_runtime_test_" + std::to_string(::getpid()) + ".json")) {
+        std::ofstream(path) << text;
+    }
+    ~ScopedConfigFile() {
+        std::error_code ec;
+        std::filesystem::remove(path, ec);
+    }
+};
+
+const backplane::PluginReport &reportNamed(const Runtime &runtime, const std::string &name) {
+    const auto &reports = runtime.plugins();
+    const auto it = std::find_if(reports.begin(), reports.end(),
+                                 [&](const backplane::PluginReport &r) { return r.name == name; });
+    REQUIRE(it != reports.end());
+    return *it;
+}
 
 /// Collects log messages of one scope.
 struct LogCapture {
@@ -217,4 +265,110 @@ TEST_CASE("a moved-from runtime's successor keeps the plugins loaded") {
     Runtime second(std::move(first));
     CHECK(second.devices().size() == 5);
     CHECK(second.select("fakecpu").device.name == "Fake CPU");
+}
+
+TEST_CASE("a preference from BACKPLANE_DEVICE is named as such, not as the config file's") {
+    const ScopedConfigFile file(
+        R"({"devices": {"prefer": ["fakecpu"]}, "cache": {"enabled": false}})");
+    const ScopedEnv config("BACKPLANE_CONFIG", file.path.string());
+    {
+        const ScopedEnv device("BACKPLANE_DEVICE", "cuda:0");
+        const ScopedEnv log("BACKPLANE_LOG", "off,loader=info"); // Runtime() applies it
+        LogCapture capture;
+        const Runtime runtime;
+        const auto selection = runtime.select();
+        CHECK(selection.device.id() == "fakegpu_a:0"); // the best device: nothing matched
+        CHECK(selection.reason.find("nothing in BACKPLANE_DEVICE matched") != std::string::npos);
+        CHECK(selection.reason.find("devices.prefer") == std::string::npos);
+        CHECK(selection.reason.find(file.path.string()) == std::string::npos);
+        CHECK(capture.contains("nothing in BACKPLANE_DEVICE matched"));
+        const auto report = nlohmann::json::parse(runtime.reportJson());
+        CHECK(report["selection"]["reason"].get<std::string>().find("BACKPLANE_DEVICE") !=
+              std::string::npos);
+    }
+    {
+        // Without the variable, the file's own preference is named with the file.
+        const Runtime runtime;
+        const auto selection = runtime.select();
+        CHECK(selection.device.id() == "fakecpu:0");
+        CHECK(selection.reason.find(file.path.string() + " devices.prefer") != std::string::npos);
+    }
+}
+
+TEST_CASE("a required preference from BACKPLANE_DEVICE names the variable when nothing matches") {
+    const ScopedConfigFile file(
+        R"({"devices": {"prefer": ["fakecpu"], "required": true}, "cache": {"enabled": false}})");
+    const ScopedEnv config("BACKPLANE_CONFIG", file.path.string());
+    const ScopedEnv device("BACKPLANE_DEVICE", "fakegpu_a:7");
+    const Runtime runtime;
+    try {
+        runtime.select();
+        FAIL("select() should have thrown");
+    } catch (const Error &e) {
+        CHECK(codeOf(e) == "no_matching_device");
+        const std::string message = e.what();
+        CHECK(message.find("required selection (BACKPLANE_DEVICE)") != std::string::npos);
+        CHECK(message.find("devices.prefer") == std::string::npos);
+    }
+    // The plugins the variable does not name were filtered out on its account.
+    CHECK(reportNamed(runtime, "fakegpu_b").reason.find("BACKPLANE_DEVICE names only fakegpu_a") !=
+          std::string::npos);
+}
+
+TEST_CASE("a loaded plugin reports its table's ABI and version, not its manifest's") {
+    // newer_minor's manifest declares ABI 1.3; its table says 1.7 and version 0.2.0. Probed in
+    // this process, in backplane-probe, and from the probe cache: the report is the table's.
+    const std::filesystem::path cache =
+        std::filesystem::temp_directory_path() /
+        ("backplane_runtime_test_cache_" + std::to_string(::getpid()));
+    std::error_code ec;
+    std::filesystem::remove_all(cache, ec);
+    for (const std::string how : {"in_process", "isolated", "cached"}) {
+        CAPTURE(how);
+        Config config = fixtureConfig();
+        config.probeMode =
+            how == "in_process" ? backplane::ProbeMode::InProcess : backplane::ProbeMode::Isolated;
+        config.cacheEnabled = how != "in_process";
+        config.cacheDir = cache;
+        const Runtime runtime(config);
+        const auto &report = reportNamed(runtime, "newer_minor");
+        CHECK(std::string(toString(report.state)) == "loaded");
+        CHECK(report.probe == how);
+        CHECK(report.abiMajor == 1);
+        CHECK(report.abiMinor == 7);
+        CHECK(report.version == "0.2.0");
+        const auto json = nlohmann::json::parse(runtime.reportJson());
+        for (const auto &p : json["plugins"])
+            if (p["name"] == "newer_minor" && p["state"] == "loaded") {
+                CHECK(p["abi_version"] == "1.7");
+                CHECK(p["version"] == "0.2.0");
+            }
+    }
+    std::filesystem::remove_all(cache, ec);
+}
+
+TEST_CASE("a plugin opened but not loaded reports what its table says") {
+    for (const std::string how : {"in_process", "isolated"}) {
+        CAPTURE(how);
+        Config config = fixtureConfig();
+        config.probeMode =
+            how == "in_process" ? backplane::ProbeMode::InProcess : backplane::ProbeMode::Isolated;
+        const Runtime runtime(config);
+        // Its manifest says 1.0, its table 2.0: the version field of a table of another ABI
+        // major is not read.
+        const auto &liar = reportNamed(runtime, "abi_liar");
+        CHECK(std::string(toString(liar.state)) == "abi_mismatch");
+        CHECK(liar.abiMajor == 2);
+        CHECK(liar.version.empty());
+        const auto &init = reportNamed(runtime, "init_fails");
+        CHECK(std::string(toString(init.state)) == "init_failed");
+        CHECK(init.version == "0.1.0");
+        const auto &small = reportNamed(runtime, "small_table");
+        CHECK(std::string(toString(small.state)) == "invalid_table");
+        CHECK(small.version == "0.2.0");
+        // Never opened: the manifest's ABI, no version.
+        const auto &two = reportNamed(runtime, "abi_two");
+        CHECK(two.abiMajor == 2);
+        CHECK(two.version.empty());
+    }
 }

@@ -562,11 +562,11 @@ void run(void *driver, const BenchOptions &options, BenchRows &rows) {
         {
             const Buffer buffer = client.empty(kSize);
             auto write = [&] {
-                client.write(buffer, host.data(), kSize);
+                client.write(buffer, 0, host.data(), kSize);
                 client.sync();
             };
             std::vector<unsigned char> into(kSize);
-            auto read = [&] { client.read(buffer, into.data(), kSize); };
+            auto read = [&] { client.readInto(buffer, 0, into.data(), kSize); };
             write();
             const std::vector<std::byte> back = client.read(buffer).wait();
             if (back.size() != kSize || std::memcmp(back.data(), host.data(), kSize) != 0)
@@ -671,7 +671,7 @@ void run(void *driver, const BenchOptions &options, BenchRows &rows) {
         auto runtimeIteration = [&] {
             {
                 StreamGuard a(kStreamA);
-                client.write(x, pinned, kSize);
+                client.write(x, 0, pinned, kSize);
             }
             StreamGuard b(kStreamB);
             client.execute(touch, dispatch);

@@ -1,15 +1,16 @@
 // `backplane bench engine`: ComputeClient against the same plugin's raw C table, same process.
 //
-// For every device present (or the one --device selects): the raw side opens the device through
-// detail::Driver (a thin status-checking wrapper over the C table, no pools, no alignment), runs,
-// and closes it; then the runtime side opens a ComputeClient on the same device.
+// For every device present (or the one --device selects): the raw side opens the device's plugin
+// through RawPlugin (its own instance, with the runtime's options for it) and runs on the C table
+// with status checks only (RawDevice: no pools, no alignment), then closes it; then the runtime
+// side opens a ComputeClient on the same device.
 #include "bench.hpp"
+#include "raw_device.hpp"
 
-#include "runtime/runtime_impl.hpp"
-#include "server/driver.hpp"
-
+#include <backplane/cache.hpp>
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
+#include <backplane/raw_plugin.hpp>
 #include <backplane/runtime.hpp>
 
 #include <algorithm>
@@ -62,28 +63,49 @@ struct RawFigures {
     double pageableWrite = 0, pageableRead = 0, pinnedWrite = 0, pinnedRead = 0; // GB/s
 };
 
-RawFigures measureRaw(std::shared_ptr<detail::PluginLibrary> plugin, const DeviceInfo &info,
-                      int iterations, uint64_t transferBytes) {
+// The plugin that gives `info`, opened again as the runtime starts it (its plugins.options
+// object, its pipeline cache directory as docs/cache.md lays it out), so both sides run alike.
+RawPlugin openRawPlugin(const Runtime &runtime, const DeviceInfo &info) {
+    for (const PluginReport &report : runtime.plugins()) {
+        if (report.name != info.backend || report.state != PluginState::Loaded) continue;
+        const Config &config = runtime.config();
+        RawPluginOptions options;
+        if (const auto it = config.pluginOptions.find(report.name);
+            it != config.pluginOptions.end())
+            options.optionsJson = it->second;
+        if (const auto cache = cacheDirectory(config); !cache.empty())
+            options.cacheDir = cache / toString(CacheKind::Pipelines) / report.name;
+        return RawPlugin::open(readPluginManifest(report.manifest), options);
+    }
+    throw Error(ErrorCode::NotFound, "no loaded plugin gives " + info.id(), info.backend);
+}
+
+RawFigures measureRaw(RawPlugin plugin, const DeviceInfo &info, int iterations,
+                      uint64_t transferBytes) {
+    const RawDevice device(std::move(plugin), info.index);
+    if (const std::string name = fieldText(device.info().name, sizeof(device.info().name));
+        name != info.name)
+        throw Error(ErrorCode::Internal, "the raw side's " + info.id() + " is " + name +
+                                             ", not the runtime's " + info.name);
     RawFigures f;
-    auto driver = detail::Driver::open(std::move(plugin), info);
     {
         const auto start = Clock::now();
-        for (int i = 0; i < iterations; ++i) detail::MemoryPage page = driver->allocate(BP_MEMORY_DEVICE, 1 << 20);
+        for (int i = 0; i < iterations; ++i)
+            RawMemory page = device.allocate(BP_MEMORY_DEVICE, 1 << 20);
         f.allocUs = usSince(start) / iterations;
     }
     const KernelSource noop = noopKernel();
     const KernelVariant *v = variantFor(info, noop);
     bp_host_kernel_source hostSource{sizeof(hostSource), v->hostFunction};
     const bool host = v->dialect == Dialect::Host;
-    detail::CompiledKernel compiled = driver->compile(
-        "noop", static_cast<bp_dialect>(v->dialect), v->entryPoint,
-        host ? static_cast<const void *>(&hostSource) : v->source.data(),
-        host ? sizeof(hostSource) : v->source.size(), v->options);
-    detail::KernelOwner kernel = driver->load("noop", static_cast<bp_dialect>(v->dialect),
-                                              v->entryPoint, compiled.binary.data(),
-                                              compiled.binary.size());
-    detail::MemoryPage buffer = driver->allocate(BP_MEMORY_DEVICE, 4096);
-    detail::StreamOwner a = driver->createStream(), b = driver->createStream();
+    const auto dialect = static_cast<bp_dialect>(v->dialect);
+    const std::vector<unsigned char> compiled =
+        device.compile(dialect, v->entryPoint,
+                       host ? static_cast<const void *>(&hostSource) : v->source.data(),
+                       host ? sizeof(hostSource) : v->source.size(), v->options);
+    const RawHandle<bp_kernel> kernel = device.load(dialect, v->entryPoint, compiled);
+    const RawMemory buffer = device.allocate(BP_MEMORY_DEVICE, 4096);
+    const RawHandle<bp_stream> a = device.createStream(), b = device.createStream();
     bp_binding binding{buffer.memory.get(), 0, 4096};
     bp_launch_args args{};
     args.struct_size = sizeof(args);
@@ -93,31 +115,27 @@ RawFigures measureRaw(std::shared_ptr<detail::PluginLibrary> plugin, const Devic
     args.block[1] = args.block[2] = 1;
     args.bindings = &binding;
     args.binding_count = 1;
-    auto syncStream = [&](bp_stream *s) {
-        detail::EventOwner e = driver->flush(s, true);
-        driver->eventWait(e.get());
-    };
     {
         const auto start = Clock::now();
-        for (int i = 0; i < iterations; ++i) driver->launch(a.get(), args, "noop");
-        syncStream(a.get());
+        for (int i = 0; i < iterations; ++i) device.launch(a.get(), args);
+        device.sync(a.get());
         f.launchUs = usSince(start) / iterations;
     }
     {
         const auto start = Clock::now();
         for (int i = 0; i < iterations; ++i) {
-            driver->launch(a.get(), args, "noop");
-            detail::EventOwner e = driver->flush(a.get(), true);
-            driver->waitEvent(b.get(), e.get());
-            driver->launch(b.get(), args, "noop");
+            device.launch(a.get(), args);
+            const RawHandle<bp_event> e = device.flush(a.get());
+            device.waitEvent(b.get(), e.get());
+            device.launch(b.get(), args);
         }
-        syncStream(b.get());
+        device.sync(b.get());
         f.crossUs = usSince(start) / iterations;
     }
     {
-        detail::MemoryPage dst = driver->allocate(BP_MEMORY_DEVICE, transferBytes);
+        const RawMemory dst = device.allocate(BP_MEMORY_DEVICE, transferBytes);
         std::vector<unsigned char> pageable(transferBytes, 1);
-        detail::MemoryPage pinned = driver->allocate(BP_MEMORY_PINNED_HOST, transferBytes);
+        const RawMemory pinned = device.allocate(BP_MEMORY_PINNED_HOST, transferBytes);
         std::memset(pinned.mapped, 1, transferBytes);
         const double gb = static_cast<double>(transferBytes) / 1e9;
         auto rate = [&](auto &&body) {
@@ -127,20 +145,20 @@ RawFigures measureRaw(std::shared_ptr<detail::PluginLibrary> plugin, const Devic
             return gb / (usSince(start) / 1e6);
         };
         f.pageableWrite = rate([&] {
-            driver->copyHostToDevice(a.get(), pageable.data(), dst.memory.get(), 0, transferBytes);
-            syncStream(a.get());
+            device.copyHostToDevice(a.get(), pageable.data(), dst.memory.get(), 0, transferBytes);
+            device.sync(a.get());
         });
         f.pageableRead = rate([&] {
-            driver->copyDeviceToHost(a.get(), dst.memory.get(), 0, pageable.data(), transferBytes);
-            syncStream(a.get());
+            device.copyDeviceToHost(a.get(), dst.memory.get(), 0, pageable.data(), transferBytes);
+            device.sync(a.get());
         });
         f.pinnedWrite = rate([&] {
-            driver->copyHostToDevice(a.get(), pinned.mapped, dst.memory.get(), 0, transferBytes);
-            syncStream(a.get());
+            device.copyHostToDevice(a.get(), pinned.mapped, dst.memory.get(), 0, transferBytes);
+            device.sync(a.get());
         });
         f.pinnedRead = rate([&] {
-            driver->copyDeviceToHost(a.get(), dst.memory.get(), 0, pinned.mapped, transferBytes);
-            syncStream(a.get());
+            device.copyDeviceToHost(a.get(), dst.memory.get(), 0, pinned.mapped, transferBytes);
+            device.sync(a.get());
         });
     }
     return f;
@@ -150,13 +168,13 @@ void benchDevice(const Runtime &runtime, const DeviceInfo &info, const BenchOpti
                  BenchRows &rows) {
     const int iterations = options.quick ? 200 : 5000;
     const uint64_t transferBytes = options.quick ? (16ull << 20) : (256ull << 20);
-    auto plugin = runtime.impl().library(info.backend);
-    if (!plugin || variantFor(info, noopKernel()) == nullptr) {
-        std::fprintf(stderr, "bench engine: skipping %s (no plugin or no kernel dialect)\n",
-                     info.id().c_str());
+    if (variantFor(info, noopKernel()) == nullptr) {
+        std::fprintf(stderr, "bench engine: skipping %s (no kernel dialect)\n", info.id().c_str());
         return;
     }
-    const RawFigures raw = measureRaw(plugin, info, iterations, transferBytes);
+    // The raw side closes its device before the client opens it.
+    const RawFigures raw =
+        measureRaw(openRawPlugin(runtime, info), info, iterations, transferBytes);
 
     Selection selection;
     selection.device = info;
@@ -208,16 +226,16 @@ void benchDevice(const Runtime &runtime, const DeviceInfo &info, const BenchOpti
     std::vector<unsigned char> pageable(transferBytes, 1);
     Buffer big = client.empty(transferBytes);
     const double gb = static_cast<double>(transferBytes) / 1e9;
-    client.write(big, pageable.data(), transferBytes);
+    client.write(big, 0, pageable.data(), transferBytes);
     client.sync();
     start = Clock::now();
-    client.write(big, pageable.data(), transferBytes);
+    client.write(big, 0, pageable.data(), transferBytes);
     client.sync();
     const double writeRate = gb / (usSince(start) / 1e6);
     std::vector<unsigned char> back(transferBytes, 0);
-    client.read(big, back.data(), transferBytes);
+    client.readInto(big, 0, back.data(), transferBytes);
     start = Clock::now();
-    client.read(big, back.data(), transferBytes);
+    client.readInto(big, 0, back.data(), transferBytes);
     const double readRate = gb / (usSince(start) / 1e6);
     row("write pageable via staging vs raw pinned", writeRate, raw.pinnedWrite, "GB/s", ">= 0.85x");
     row("write pageable via staging vs raw pageable", writeRate, raw.pageableWrite, "GB/s", "");
@@ -369,7 +387,7 @@ void benchStreamContention(const Runtime &uncached, const DeviceInfo &info,
     std::vector<unsigned char> pageable(writeBytes, 1);
     const double writingUs =
         launchCostWhileBusy(client, a, b, noop, d, iterations, capUs,
-                            [&](uint64_t) { client.write(target, pageable.data(), writeBytes); });
+                            [&](uint64_t) { client.write(target, 0, pageable.data(), writeBytes); });
     rows.push_back({"engine", device,
                     "launch on B while A writes " + std::to_string(writeBytes >> 20) +
                         " MiB pageable, vs B idle",

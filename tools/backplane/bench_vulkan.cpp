@@ -1,20 +1,20 @@
 // `backplane bench vulkan`: the Vulkan plugin against raw Vulkan, same device, same process.
 //
-// Two "runtime" sides: the Vulkan plugin's C ABI (detail::PluginLibrary), and ComputeClient (a
+// Two "runtime" sides: the Vulkan plugin's C ABI (RawPlugin, RawDevice), and ComputeClient (a
 // Runtime that loads the same module) for the dispatch rows; each row's `what` says which. The
 // raw side dlopens libvulkan.so.1 itself and records the same work by hand (push descriptors,
 // one timeline semaphore). SPIR-V for the raw side comes from the plugin's kernel_compile, so the
 // tool needs no shaderc.
 #include "bench.hpp"
-
-#include "plugin/plugin_library.hpp"
+#include "raw_device.hpp"
 
 #include <backplane/abi/plugin_sdk.hpp>
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
-#include <backplane/kernel.hpp>
-#include <backplane/runtime.hpp>
 #include <backplane/error.hpp>
+#include <backplane/kernel.hpp>
+#include <backplane/raw_plugin.hpp>
+#include <backplane/runtime.hpp>
 
 #include <vulkan/vulkan.h>
 
@@ -77,106 +77,45 @@ void main() {
 }
 )";
 
-void ok(bp_status status, const bp_error &error, const char *what) {
-    if (status != BP_SUCCESS) detail::throwStatus(status, error, "vulkan", what);
+/// The Vulkan plugin's manifest, as the runtime finds it; BACKPLANE_VULKAN_PLUGIN (a module path,
+/// as for the Vulkan tests) loads that module instead, with the manifest beside it if any.
+PluginManifestInfo vulkanManifest() {
+    const char *env = std::getenv("BACKPLANE_VULKAN_PLUGIN");
+    if (env == nullptr) return findPluginManifest(loadConfig(), "vulkan");
+    const fs::path module = env;
+    PluginManifestInfo manifest;
+    if (const fs::path beside = module.parent_path() / "vulkan.json"; fs::exists(beside))
+        manifest = readPluginManifest(beside);
+    manifest.name = manifest.backend = "vulkan";
+    manifest.library = module;
+    return manifest;
 }
 
-fs::path pluginPath() {
-    if (const char *env = std::getenv("BACKPLANE_VULKAN_PLUGIN")) return env;
-    const fs::path built = fs::path(BACKPLANE_BUILD_ROOT) / "plugins/vulkan/libbackplane_vulkan.so";
-    if (fs::exists(built)) return built;
-    return fs::path(BACKPLANE_INSTALL_PLUGIN_DIR) / "libbackplane_vulkan.so";
+/// GLSL to SPIR-V through the plugin's compiler; `name` names the kernel in its messages.
+std::vector<unsigned char> compileGlsl(const RawDevice &plugin, const char *source,
+                                       const char *name) {
+    return plugin.compile(BP_DIALECT_GLSL, name, source, std::strlen(source));
 }
 
-/// The plugin side: one opened device and helpers over the C table.
-struct PluginSide {
-    std::shared_ptr<detail::PluginLibrary> plugin;
-    const bp_plugin_api *api = nullptr;
-    bp_device *device = nullptr;
-    bp_device_info info{};
+RawHandle<bp_kernel> loadSpirv(const RawDevice &plugin, const std::vector<unsigned char> &spirv) {
+    return plugin.load(BP_DIALECT_SPIRV, "main", spirv);
+}
 
-    explicit PluginSide(const std::string &cacheDir = {}) {
-        detail::PluginInitOptions options;
-        options.cacheDir = cacheDir;
-        plugin = detail::PluginLibrary::open(pluginPath(), "vulkan", options);
-        api = &plugin->api();
-        if (plugin->probe().device_count == 0) throw std::runtime_error("no Vulkan device");
-        info = plugin->deviceInfo(0);
-        const auto args = makeStruct<bp_device_open_args>();
-        bp_error error = detail::makeError();
-        ok(api->device_open(plugin->instance(), 0, &args, &device, &error), error, "device_open");
-    }
-    ~PluginSide() {
-        if (device) api->device_close(device);
-    }
-    bp_memory *allocate(uint64_t size) {
-        auto args = makeStruct<bp_memory_allocate_args>();
-        args.kind = BP_MEMORY_DEVICE;
-        args.size = size;
-        bp_memory *memory = nullptr;
-        void *mapped = nullptr;
-        bp_error error = detail::makeError();
-        ok(api->memory_allocate(device, &args, &memory, &mapped, &error), error, "memory_allocate");
-        return memory;
-    }
-    bp_stream *stream() {
-        const auto args = makeStruct<bp_stream_create_args>();
-        bp_stream *s = nullptr;
-        bp_error error = detail::makeError();
-        ok(api->stream_create(device, &args, &s, &error), error, "stream_create");
-        return s;
-    }
-    void sync(bp_stream *s) {
-        auto args = makeStruct<bp_flush_args>();
-        bp_event *event = nullptr;
-        bp_error error = detail::makeError();
-        ok(api->stream_flush(device, s, &args, &event, &error), error, "stream_flush");
-        ok(api->event_wait(device, event, UINT64_MAX, &error), error, "event_wait");
-        api->event_release(device, event);
-    }
-    std::vector<unsigned char> compile(const char *source, const char *name) {
-        std::vector<unsigned char> binary;
-        auto args = makeStruct<bp_kernel_compile_args>();
-        args.dialect = BP_DIALECT_GLSL;
-        args.entry_point = name;
-        args.source = source;
-        args.source_size = std::strlen(source);
-        args.binary = {&binary, [](void *user, const void *data, size_t size) {
-                           auto *out = static_cast<std::vector<unsigned char> *>(user);
-                           out->insert(out->end(), static_cast<const unsigned char *>(data),
-                                       static_cast<const unsigned char *>(data) + size);
-                       }};
-        bp_error error = detail::makeError();
-        ok(api->kernel_compile(device, &args, &error), error, "kernel_compile");
-        return binary;
-    }
-    bp_kernel *load(const std::vector<unsigned char> &spirv, const char *name) {
-        auto args = makeStruct<bp_kernel_load_args>();
-        args.dialect = BP_DIALECT_SPIRV;
-        args.entry_point = "main";
-        args.binary = spirv.data();
-        args.binary_size = spirv.size();
-        bp_kernel *kernel = nullptr;
-        bp_error error = detail::makeError();
-        ok(api->kernel_load(device, &args, &kernel, &error), error, name);
-        return kernel;
-    }
-    void launch(bp_stream *s, bp_kernel *kernel, const bp_binding *bindings, uint32_t count,
-                uint32_t n, uint32_t grid, uint32_t block) {
-        auto args = makeStruct<bp_launch_args>();
-        args.kernel = kernel;
-        args.grid[0] = grid;
-        args.grid[1] = args.grid[2] = 1;
-        args.block[0] = block;
-        args.block[1] = args.block[2] = 1;
-        args.bindings = bindings;
-        args.binding_count = count;
-        args.scalars = &n;
-        args.scalar_size = 4;
-        bp_error error = detail::makeError();
-        ok(api->kernel_launch(device, s, &args, &error), error, "kernel_launch");
-    }
-};
+/// One launch of a kernel whose push constant is `n`, on a 1-D grid.
+void launch(const RawDevice &plugin, bp_stream *s, bp_kernel *kernel, const bp_binding *bindings,
+            uint32_t count, uint32_t n, uint32_t grid, uint32_t block) {
+    auto args = makeStruct<bp_launch_args>();
+    args.kernel = kernel;
+    args.grid[0] = grid;
+    args.grid[1] = args.grid[2] = 1;
+    args.block[0] = block;
+    args.block[1] = args.block[2] = 1;
+    args.bindings = bindings;
+    args.binding_count = count;
+    args.scalars = &n;
+    args.scalar_size = 4;
+    plugin.launch(s, args);
+}
 
 // ------------------------------------------------------------------------------------------------
 // The raw side
@@ -473,10 +412,10 @@ struct RawSide {
     }
 }
 
-[[gnu::noinline]] void recordPluginDispatches(PluginSide &plugin, bp_stream *s, bp_kernel *k,
+[[gnu::noinline]] void recordPluginDispatches(const RawDevice &plugin, bp_stream *s, bp_kernel *k,
                                               const bp_binding &binding, uint32_t n,
                                               uint32_t count) {
-    for (uint32_t i = 0; i < count; ++i) plugin.launch(s, k, &binding, 1, n, n / 64, 64);
+    for (uint32_t i = 0; i < count; ++i) launch(plugin, s, k, &binding, 1, n, n / 64, 64);
 }
 
 [[gnu::noinline]] void executeClientDispatches(ComputeClient &client, const KernelSource &kernel,
@@ -484,12 +423,11 @@ struct RawSide {
     for (uint32_t i = 0; i < count; ++i) client.execute(kernel, dispatch);
 }
 
-/// A Runtime that finds only the manifest beside the module the C-ABI side loaded (when there is
-/// one), so that the ComputeClient rows run the same plugin build.
-Runtime clientRuntime() {
+/// A Runtime that finds only the manifest the C-ABI side was opened from (when there is one), so
+/// that the ComputeClient rows run the same plugin build.
+Runtime clientRuntime(const PluginManifestInfo &manifest) {
     Config config = loadConfig();
-    const fs::path manifest = pluginPath().parent_path() / "vulkan.json";
-    if (fs::exists(manifest)) config.pluginPathOverride = {manifest};
+    if (!manifest.file.empty()) config.pluginPathOverride = {manifest.file};
     return Runtime(std::move(config));
 }
 
@@ -501,15 +439,18 @@ void run(const BenchOptions &options, BenchRows &rows) {
     const int roundTrips = options.quick ? 200 : 2000;
     const uint32_t batched = options.quick ? 256 : 2048;
 
-    PluginSide plugin;
-    RawSide raw(plugin.info.uuid);
-    const std::string device = std::string("vulkan:0 ") + plugin.info.name;
+    // The plugin side: device 0 of the Vulkan plugin, through its C table.
+    const PluginManifestInfo manifest = vulkanManifest();
+    const RawDevice plugin(RawPlugin::open(manifest), 0);
+    RawSide raw(plugin.info().uuid);
+    const std::string device =
+        "vulkan:0 " + fieldText(plugin.info().name, sizeof(plugin.info().name));
     auto row = [&](const std::string &what, double runtime, double rawValue, const char *unit,
                    const char *target) {
         rows.push_back({"vulkan", device, what, runtime, rawValue, unit, target});
     };
-    const auto incrementSpirv = plugin.compile(kIncrement, "increment");
-    const auto copySpirv = plugin.compile(kCopy, "copy");
+    const auto incrementSpirv = compileGlsl(plugin, kIncrement, "increment");
+    const auto copySpirv = compileGlsl(plugin, kCopy, "copy");
 
     // Dispatch: one round trip, and batches where each dispatch depends on the previous one
     // (each increments the same buffer), raw first, then the plugin's C ABI, then ComputeClient.
@@ -531,25 +472,27 @@ void run(const BenchOptions &options, BenchRows &rows) {
         raw.vkDestroyPipeline(raw.device, pipeline, nullptr);
         raw.release(buffer);
 
-        bp_stream *s = plugin.stream();
-        bp_kernel *k = plugin.load(incrementSpirv, "increment");
-        bp_memory *x = plugin.allocate(n * 4);
-        const bp_binding binding{x, 0, n * 4};
-        plugin.launch(s, k, &binding, 1, n, n / 64, 64); // creates the pipeline
-        plugin.sync(s);
-        const double runtimeTrip = best(repeats, [&] {
-            for (int i = 0; i < roundTrips / repeats; ++i) {
-                plugin.launch(s, k, &binding, 1, n, n / 64, 64);
-                plugin.sync(s);
-            }
-        }) / (roundTrips / repeats);
-        const double runtimeBatch = best(repeats, [&] {
-            recordPluginDispatches(plugin, s, k, binding, n, batched);
+        double runtimeTrip = 0, runtimeBatch = 0;
+        {
+            const RawHandle<bp_stream> stream = plugin.createStream();
+            const RawHandle<bp_kernel> kernel = loadSpirv(plugin, incrementSpirv);
+            const RawMemory x = plugin.allocate(BP_MEMORY_DEVICE, n * 4);
+            bp_stream *s = stream.get();
+            bp_kernel *k = kernel.get();
+            const bp_binding binding{x.memory.get(), 0, n * 4};
+            launch(plugin, s, k, &binding, 1, n, n / 64, 64); // creates the pipeline
             plugin.sync(s);
-        }) / batched;
-        plugin.api->memory_free(plugin.device, x);
-        plugin.api->kernel_release(plugin.device, k);
-        plugin.api->stream_destroy(plugin.device, s);
+            runtimeTrip = best(repeats, [&] {
+                for (int i = 0; i < roundTrips / repeats; ++i) {
+                    launch(plugin, s, k, &binding, 1, n, n / 64, 64);
+                    plugin.sync(s);
+                }
+            }) / (roundTrips / repeats);
+            runtimeBatch = best(repeats, [&] {
+                recordPluginDispatches(plugin, s, k, binding, n, batched);
+                plugin.sync(s);
+            }) / batched;
+        }
         row("dispatch round trip: launch+flush+wait (plugin C ABI) vs record+submit+wait (raw)",
             runtimeTrip * 1e6, rawTrip * 1e6, "us", "");
         row("batched dependent dispatches, per dispatch (plugin C ABI, " +
@@ -557,10 +500,10 @@ void run(const BenchOptions &options, BenchRows &rows) {
             runtimeBatch * 1e6, rawBatch * 1e6, "us", "<= 1.10x");
 
         try {
-            Runtime runtime = clientRuntime();
+            Runtime runtime = clientRuntime(manifest);
             const Selection selection = runtime.select("vulkan:0");
             if (!selection.device.hasUuid ||
-                std::memcmp(selection.device.uuid.data(), plugin.info.uuid, 16) != 0)
+                std::memcmp(selection.device.uuid.data(), plugin.info().uuid, 16) != 0)
                 throw std::runtime_error("the Runtime's vulkan:0 (" + selection.device.name +
                                          ") is not the device measured above");
             ComputeClient client = runtime.open(selection);
@@ -596,24 +539,18 @@ void run(const BenchOptions &options, BenchRows &rows) {
     // Device-to-device copy of 256 MiB, bytes read + written.
     {
         const uint64_t size = 256ull << 20;
-        if (plugin.info.max_allocation_bytes >= size) {
+        if (plugin.info().max_allocation_bytes >= size) {
             const int copies = options.quick ? 2 : 5;
-            bp_stream *s = plugin.stream();
-            bp_memory *a = plugin.allocate(size);
-            bp_memory *b = plugin.allocate(size);
-            auto copy = makeStruct<bp_copy_device_to_device_args>();
-            copy.src = a;
-            copy.dst = b;
-            copy.size = size;
-            const double runtimeCopy = best(copies, [&] {
-                bp_error error = detail::makeError();
-                ok(plugin.api->copy_device_to_device(plugin.device, s, &copy, &error), error,
-                   "copy_device_to_device");
-                plugin.sync(s);
-            });
-            plugin.api->memory_free(plugin.device, b);
-            plugin.api->memory_free(plugin.device, a);
-            plugin.api->stream_destroy(plugin.device, s);
+            double runtimeCopy = 0;
+            {
+                const RawHandle<bp_stream> s = plugin.createStream();
+                const RawMemory a = plugin.allocate(BP_MEMORY_DEVICE, size);
+                const RawMemory b = plugin.allocate(BP_MEMORY_DEVICE, size);
+                runtimeCopy = best(copies, [&] {
+                    plugin.copyDeviceToDevice(s.get(), a.memory.get(), 0, b.memory.get(), 0, size);
+                    plugin.sync(s.get());
+                });
+            }
 
             auto src = raw.buffer(size);
             auto dst = raw.buffer(size);
@@ -652,24 +589,20 @@ void run(const BenchOptions &options, BenchRows &rows) {
         // pipeline creation only (the descriptor/pipeline layouts and command buffers exist).
         std::string warmupSource = kIncrement;
         warmupSource.replace(warmupSource.find("+= 1u"), 5, "+= 2u");
-        const auto warmupSpirv = plugin.compile(warmupSource.c_str(), "warmup");
+        const auto warmupSpirv = compileGlsl(plugin, warmupSource.c_str(), "warmup");
         auto createThroughPlugin = [&] {
-            PluginSide side(dir.string());
-            bp_stream *s = side.stream();
-            bp_memory *x = side.allocate(256);
-            const bp_binding binding{x, 0, 256};
-            bp_kernel *warmup = side.load(warmupSpirv, "warmup");
-            side.launch(s, warmup, &binding, 1, 64, 1, 64);
+            const RawDevice side(RawPlugin::open(manifest, {.cacheDir = dir}), 0);
+            const RawHandle<bp_stream> s = side.createStream();
+            const RawMemory x = side.allocate(BP_MEMORY_DEVICE, 256);
+            const bp_binding binding{x.memory.get(), 0, 256};
+            const RawHandle<bp_kernel> warmup = loadSpirv(side, warmupSpirv);
+            launch(side, s.get(), warmup.get(), &binding, 1, 64, 1, 64);
             // kernel_load + the first launch, which creates the pipeline (nothing executes yet).
             const auto start = Clock::now();
-            bp_kernel *k = side.load(incrementSpirv, "increment");
-            side.launch(s, k, &binding, 1, 64, 1, 64);
+            const RawHandle<bp_kernel> k = loadSpirv(side, incrementSpirv);
+            launch(side, s.get(), k.get(), &binding, 1, 64, 1, 64);
             const double seconds = secondsSince(start);
-            side.sync(s);
-            side.api->kernel_release(side.device, k);
-            side.api->kernel_release(side.device, warmup);
-            side.api->memory_free(side.device, x);
-            side.api->stream_destroy(side.device, s);
+            side.sync(s.get());
             return seconds; // closing the device persists the cache
         };
         const double pluginCold = createThroughPlugin();

@@ -1,8 +1,6 @@
 // `backplane tune list|clear|export FILE|import FILE`: inspect and ship autotune results.
 #include "commands.hpp"
 
-#include "input/json_input.hpp"
-
 #include <backplane/cache.hpp>
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>
@@ -10,15 +8,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
 
 namespace backplane::tool {
 namespace {
 
 constexpr const char *kBundleFormat = "backplane-tune-bundle";
 constexpr int kBundleVersion = 1;
+// The limits docs/config.md states for bundles. nlohmann's parser is iterative, but building and
+// printing values recurse: nothing deeper than a record is built.
+constexpr uintmax_t kMaxBundleBytes = 16u << 20;
+constexpr size_t kMaxDepth = 32;
 
 int usage() {
     std::fprintf(stderr,
@@ -46,10 +55,83 @@ std::vector<tune::TuneRecord> records(const CacheStore &store) {
     return out;
 }
 
-/// A record as a JSON value (its own serialisation, read back through the bounded reader).
+/// Serialises without ever throwing: invalid UTF-8 (from a hand-edited bundle) becomes U+FFFD.
+std::string dump(const nlohmann::json &value, int indent = -1) {
+    return value.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+/// Parses JSON text nobody vouches for: at most kMaxDepth levels deep, no duplicate keys. Any
+/// failure is Error(`code`) "<origin>: <what>", with "(line L, column C)" for syntax errors.
+nlohmann::json parseBounded(const std::string &text, const std::string &origin, ErrorCode code) {
+    // nlohmann takes a NUL byte for the end of the input; JSON text never contains one.
+    if (const size_t nul = text.find('\0'); nul != std::string::npos)
+        throw Error(code, origin + ": a NUL byte at offset " + std::to_string(nul) +
+                              ": this is not a JSON text file");
+    // Per open container, the keys seen so far (none for arrays): its size is the depth.
+    std::vector<std::set<std::string>> open;
+    const auto bounded = [&](int, nlohmann::json::parse_event_t event, nlohmann::json &parsed) {
+        using Event = nlohmann::json::parse_event_t;
+        if (event == Event::object_start || event == Event::array_start) {
+            if (open.size() >= kMaxDepth)
+                throw Error(code, origin + ": nesting deeper than " + std::to_string(kMaxDepth) +
+                                      " levels (the limit for this file)");
+            open.emplace_back();
+        } else if (event == Event::object_end || event == Event::array_end) {
+            open.pop_back();
+        } else if (event == Event::key && !open.back().insert(parsed.get<std::string>()).second) {
+            // nlohmann keeps the last one: a file with two "entries" means something else than
+            // it says.
+            throw Error(code, origin + ": duplicate key '" +
+                                  parsed.get<std::string>().substr(0, 64) + "'");
+        }
+        return true;
+    };
+    try {
+        return nlohmann::json::parse(text, bounded);
+    } catch (const nlohmann::json::exception &e) {
+        // "[json.exception.parse_error.101] parse error at line 2, column 14: syntax error ..."
+        std::string what = e.what();
+        if (const size_t id = what.find("] "); what.rfind('[', 0) == 0 && id != what.npos)
+            what.erase(0, id + 2);
+        constexpr std::string_view kAt = "parse error at ";
+        if (const size_t colon = what.find(": "); what.rfind(kAt, 0) == 0 && colon != what.npos)
+            what = "not valid JSON: " + what.substr(colon + 2) + " (" +
+                   what.substr(kAt.size(), colon - kAt.size()) + ")";
+        if (what.size() > 512) what = what.substr(0, 512) + "…";
+        throw Error(code, origin + ": " + what);
+    }
+}
+
+/// A bundle file's JSON: a regular file of at most kMaxBundleBytes, parsed as above.
+nlohmann::json readBundle(const std::string &file) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status status = fs::status(file, ec);
+    if (ec || !fs::exists(status))
+        throw Error(ErrorCode::Config, file + ": cannot open it (" +
+                                           (ec ? ec.message() : std::string("no such file")) + ")");
+    if (!fs::is_regular_file(status))
+        throw Error(ErrorCode::Config,
+                    file + ": not a regular file (" +
+                        (fs::is_directory(status) ? "a directory" : "a device, pipe or socket") +
+                        "); expected a JSON file");
+    if (const uintmax_t size = fs::file_size(file, ec); !ec && size > kMaxBundleBytes)
+        throw Error(ErrorCode::Config, file + ": " + std::to_string(size) +
+                                           " bytes, more than the " +
+                                           std::to_string(kMaxBundleBytes) +
+                                           " bytes accepted here; is this the right file?");
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw Error(ErrorCode::Config, file + ": cannot open it (permission denied?)");
+    std::string text(kMaxBundleBytes, '\0'); // a file that grew since is cut, so malformed
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+    return parseBounded(text, file, ErrorCode::Config);
+}
+
+/// A record as a JSON value (its own serialisation, read back).
 nlohmann::json recordJson(const tune::TuneRecord &record) {
-    return detail::parseJson(tune::Tuner::toJson(record), "tuning record " + record.set,
-                             detail::kRecordJsonLimits, ErrorCode::Internal);
+    return parseBounded(tune::Tuner::toJson(record), "tuning record " + record.set,
+                        ErrorCode::Internal);
 }
 
 int list(const CacheStore &store, bool json) {
@@ -58,7 +140,7 @@ int list(const CacheStore &store, bool json) {
         nlohmann::json j = nlohmann::json::array();
         for (const auto &r : all)
             j.push_back(recordJson(r));
-        std::printf("%s\n", detail::dumpJson(j, 2).c_str());
+        std::printf("%s\n", dump(j, 2).c_str());
         return 0;
     }
     std::printf("%zu tuning results in %s\n", all.size(),
@@ -78,7 +160,7 @@ int exportBundle(const CacheStore &store, const std::string &file) {
     for (const auto &r : all)
         bundle["entries"].push_back(recordJson(r));
     std::ofstream out(file, std::ios::trunc);
-    out << detail::dumpJson(bundle, 2) << "\n";
+    out << dump(bundle, 2) << "\n";
     if (!out)
         throw Error(ErrorCode::InvalidArgument, "cannot write " + file + "; check the path");
     std::printf("exported %zu tuning results to %s\n", all.size(), file.c_str());
@@ -87,13 +169,12 @@ int exportBundle(const CacheStore &store, const std::string &file) {
 
 /// `value` as JSON text for a message; never throws.
 std::string shown(const nlohmann::json *value) {
-    return value == nullptr ? std::string("missing") : detail::dumpJson(*value);
+    return value == nullptr ? std::string("missing") : dump(*value);
 }
 
 int importBundle(CacheStore &store, const std::string &file, bool force) {
-    // Bounded (size, depth) and total: any malformed input is one Error naming file and pointer.
-    const nlohmann::json bundle =
-        detail::readJsonFile(file, detail::kRecordJsonLimits, ErrorCode::Config);
+    // Bounded (size, depth) and total: any malformed input is one Error naming the file and where.
+    const nlohmann::json bundle = readBundle(file);
     const auto member = [&](const char *name) -> const nlohmann::json * {
         if (!bundle.is_object()) return nullptr;
         const auto it = bundle.find(name);
@@ -120,7 +201,7 @@ int importBundle(CacheStore &store, const std::string &file, bool force) {
                         BACKPLANE_VERSION + "; its kernels may differ. Re-tune, or pass --force");
     size_t count = 0;
     for (size_t i = 0; i < entries->size(); ++i) {
-        const auto record = tune::Tuner::fromJson(detail::dumpJson((*entries)[i]),
+        const auto record = tune::Tuner::fromJson(dump((*entries)[i]),
                                                   file + ": /entries/" + std::to_string(i));
         store.store(CacheKind::Tune,
                     tune::Tuner::storeKey(record.set, record.key, record.device, record.checksum),

@@ -16,5 +16,7 @@ int runDemo(const Args &args);    ///< backplane demo [--device SELECTOR]
 int runBench(const Args &args);   ///< backplane bench [SUITE...] [--json]
 int runTune(const Args &args);    ///< backplane tune list|clear|export|import
 int runCache(const Args &args);   ///< backplane cache [info|clear]
+int runConformance(const Args &args); ///< backplane conformance [--plugin NAME|MANIFEST]...
+int runPlugin(const Args &args);  ///< backplane plugin new NAME [--meson|--cmake] [--dir DIR]
 
 } // namespace backplane::tool

@@ -32,6 +32,14 @@ constexpr Command kCommands[] = {
 #ifdef BACKPLANE_HAVE_CMD_TUNE
     {"tune", &backplane::tool::runTune, "tune list|clear|export|import  autotune results"},
 #endif
+#ifdef BACKPLANE_HAVE_CMD_CONFORMANCE
+    {"conformance", &backplane::tool::runConformance,
+     "conformance [--plugin NAME|MANIFEST] [--json]  test a plugin against the ABI"},
+#endif
+#ifdef BACKPLANE_HAVE_CMD_PLUGIN
+    {"plugin", &backplane::tool::runPlugin,
+     "plugin new NAME [--meson|--cmake] [--dir DIR]  write an out-of-tree plugin skeleton"},
+#endif
 #ifdef BACKPLANE_HAVE_CMD_CACHE
     {"cache", &backplane::tool::runCache, "cache [info|clear]        kernel and pipeline caches"},
 #endif

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 namespace {
@@ -79,6 +80,13 @@ nlohmann::json loadedLibraries() {
             return 0;
         },
         &out);
+    // The helper itself: it carries the core's loading code (linked in statically), so a new
+    // backplane build must invalidate answers this one gave.
+    std::error_code ec;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    struct stat st {};
+    if (!ec && ::stat(self.c_str(), &st) == 0)
+        out.push_back({{"path", self.string()}, {"identity", backplane::detail::fileIdentity(st)}});
     return out;
 }
 

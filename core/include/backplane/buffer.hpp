@@ -17,9 +17,13 @@ class ComputeServer;
 /// uses it (the engine holds its own reference until that work's event completed). Work on the
 /// handle's own stream is ordered, so its memory may be reused right away for later work there.
 ///
-/// A default-constructed Buffer is empty. A Buffer that outlives every ComputeClient of its
-/// device is inert: using it is an error, destroying it is fine. Thread-safety: like
-/// std::shared_ptr (copies may be used and destroyed from any thread).
+/// A default-constructed Buffer is empty. A Buffer works with the ComputeClient that allocated it
+/// (and that client's copies); with another one every call is Error(InvalidArgument) saying
+/// whose it is (another open() of the device, a closed client, another device). A Buffer that
+/// outlives every ComputeClient of its device is inert: using it is an error, destroying it is
+/// fine. A zero-byte Buffer (ComputeClient::empty(0)) is valid, has size() 0 and holds no
+/// memory. Thread-safety: like std::shared_ptr (copies may be used and destroyed from any
+/// thread).
 class Buffer {
 public:
     Buffer() = default;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace backplane {
@@ -72,9 +73,10 @@ struct EngineStats {
     uint64_t outOfMemoryRetries = 0;///< allocations that succeeded after a cleanup
 };
 
-/// A profiling token: start/end pairs nest (LIFO).
+/// A profiling token from ComputeClient::profileStart. Tokens of one stream nest (LIFO).
 struct ProfileToken {
-    uint64_t id = 0;
+    uint64_t id = 0;     ///< numbered per client from 1; 0: not from profileStart
+    uint64_t client = 0; ///< which open() started it, so another client refuses it
 };
 
 /// The measured span of a profiling token.
@@ -138,13 +140,17 @@ public:
     const DeviceInfo &device() const;
 
     // memory ------------------------------------------------------------------------------------
-    /// Allocates `size` bytes and copies `data` into them (stream-ordered).
+    /// Allocates `size` bytes and copies `data` into them (stream-ordered). `data` may be null
+    /// when `size` is 0.
     Buffer create(const void *data, uint64_t size);
     /// Allocates from a typed span.
     template <class T> Buffer createFrom(std::span<const T> values) {
         return create(values.data(), values.size_bytes());
     }
-    /// Allocates `size` uninitialised bytes.
+    /// Allocates `size` uninitialised bytes. A zero-byte Buffer (size 0) takes no memory and no
+    /// page: it is valid, transfers, copies and fills of 0 bytes on it do nothing, read() gives
+    /// no bytes, and binding it to a kernel is Error(InvalidArgument) (it has no memory to
+    /// bind), as is nativeHandle(Memory) of it.
     Buffer empty(uint64_t size);
     /// Allocates a tensor. Optimized pads rows (the last dimension) to the pitch alignment and
     /// returns the strides to use.
@@ -161,20 +167,42 @@ public:
     PinnedBuffer allocatePinned(size_t size);
 
     // transfers ---------------------------------------------------------------------------------
-    /// Copies `size` bytes of host memory into `buffer` at `offset`. Pageable memory goes through
-    /// the pinned staging pipeline; the call returns once `data` may be reused.
-    void write(const Buffer &buffer, const void *data, uint64_t size, uint64_t offset = 0);
-    /// Copies from runtime-pinned memory, without staging.
-    void write(const Buffer &buffer, const PinnedBuffer &data, uint64_t size, uint64_t offset = 0);
-    /// Reads `size` bytes (all when UINT64_MAX) from `offset`, ordered on the current stream.
+    // One argument order for every transfer: the buffer, where in it (offset), the host side
+    // (when there is one), then how many bytes (size):
+    //
+    //     client.write(buffer, offset, data, size);
+    //     ReadFuture f = client.read(buffer, offset, size);   // both optional: the whole buffer
+    //     client.readInto(buffer, offset, into, size);
+    //
+    // read() is the only transfer named read, so `read(buffer, 0, n)` always means offset 0, n
+    // bytes; reading into caller memory is readInto(). The host side is a pointer or a
+    // PinnedBuffer (used from its start). A range that does not fit the buffer (or the
+    // PinnedBuffer) is Error(InvalidArgument) before anything is transferred; 0 bytes do nothing,
+    // and only then may the host pointer be null. copy() and fill() follow the same rule, each
+    // buffer followed by its offset and the size last: copy(src, srcOffset, dst, dstOffset,
+    // size), fill(buffer, pattern, offset, size) (pattern first: fill(buffer, pattern) fills all).
+
+    /// Copies `size` bytes from host memory `data` into `buffer` at `offset`. Pageable memory
+    /// goes through the pinned staging pipeline; the call returns once `data` may be reused.
+    void write(const Buffer &buffer, uint64_t offset, const void *data, uint64_t size);
+    /// Copies the first `size` bytes of runtime-pinned `data` into `buffer` at `offset`, without
+    /// staging (see PinnedBuffer for when its contents may change again).
+    void write(const Buffer &buffer, uint64_t offset, const PinnedBuffer &data, uint64_t size);
+    /// Reads `size` bytes at `offset` (with UINT64_MAX: up to the end), ordered on the current
+    /// stream; wait() on the future gives the bytes.
     ReadFuture read(const Buffer &buffer, uint64_t offset = 0, uint64_t size = UINT64_MAX);
-    /// Reads `size` bytes at `offset` into ordinary (pageable) host memory and returns when they
-    /// are there. Goes through the pinned staging pipeline; no allocation of the result.
-    void read(const Buffer &buffer, void *into, uint64_t size, uint64_t offset = 0);
-    /// Reads into runtime-pinned memory, without staging; blocks until done.
-    void read(const Buffer &buffer, const PinnedBuffer &into, uint64_t size, uint64_t offset = 0);
-    /// Convenience: read() then wait(), as elements of T.
+    /// Reads `size` bytes at `offset` into ordinary (pageable) host memory `into` and returns
+    /// when they are there. Goes through the pinned staging pipeline; allocates no result.
+    void readInto(const Buffer &buffer, uint64_t offset, void *into, uint64_t size);
+    /// Reads `size` bytes at `offset` into the start of runtime-pinned `into`, without staging;
+    /// blocks until done.
+    void readInto(const Buffer &buffer, uint64_t offset, const PinnedBuffer &into, uint64_t size);
+    /// Convenience: the whole buffer as elements of T (read() then wait()). Throws
+    /// Error(InvalidArgument), before any transfer, when the buffer's size is not a multiple of
+    /// sizeof(T).
     template <class T> std::vector<T> readAs(const Buffer &buffer) {
+        static_assert(std::is_trivially_copyable_v<T>, "readAs<T> copies bytes into T");
+        checkWholeElements(buffer.size(), sizeof(T));
         const std::vector<std::byte> bytes = read(buffer).wait();
         std::vector<T> out(bytes.size() / sizeof(T));
         std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
@@ -207,10 +235,14 @@ public:
     static void setStream(StreamId id);
 
     // profiling ---------------------------------------------------------------------------------
-    /// Starts a span on the current stream. Tokens nest: end them in reverse order.
+    /// Starts a span on the current stream. Tokens started on one stream nest: end them in
+    /// reverse order. Tokens of different streams are independent.
     ProfileToken profileStart();
-    /// Ends a span: waits for the stream and returns its duration (device timestamps where the
-    /// device has BP_CAPABILITY_TIMESTAMPS, else the host clock around stream syncs).
+    /// Ends a span on the stream it was started on: waits for that stream and returns the
+    /// duration (device timestamps where the device has BP_CAPABILITY_TIMESTAMPS, else the host
+    /// clock around stream syncs). Throws Error(InvalidArgument), ending nothing, for a token
+    /// ended out of order (the message names the token still open inside it), one already
+    /// ended, one of another client, or one not from profileStart; the client stays usable.
     ProfileDuration profileEnd(ProfileToken token);
 
     // introspection -----------------------------------------------------------------------------
@@ -223,6 +255,9 @@ public:
     explicit ComputeClient(std::shared_ptr<detail::ComputeServer> server);
 
 private:
+    /// Error(InvalidArgument) unless `bytes` is a multiple of `elementSize` (readAs).
+    static void checkWholeElements(uint64_t bytes, size_t elementSize);
+
     std::shared_ptr<detail::ComputeServer> server_;
 };
 

@@ -37,6 +37,11 @@ struct Config {
     /// devices.prefer: ordered selectors ("cuda:0", "vulkan:<uuid>", "hip", "*:gpu", "*:cpu",
     /// "host"). Empty = the built-in order: discrete GPU, integrated GPU, other, CPU.
     std::vector<std::string> devicePreference;
+    /// Where devicePreference came from, so selection messages blame the right place:
+    /// "BACKPLANE_DEVICE" (applyEnvironment set it), the config file's path (readConfigFile, when
+    /// the file has devices.prefer), or "" (defaults, or set in code). Set it along with
+    /// devicePreference when code overrides the preference.
+    std::string devicePreferenceSource;
     /// devices.required: nothing in devicePreference matched -> Error(NoMatchingDevice) instead
     /// of falling back to the best device present.
     bool deviceRequired = false;

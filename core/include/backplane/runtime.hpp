@@ -42,12 +42,14 @@ struct PluginReport {
     std::string name;        ///< the manifest's "name" ("" when the manifest could not be read)
     std::string backend;     ///< the manifest's "backend" kind ("cuda", "vulkan", "fake"...)
     std::string description; ///< the manifest's "description"
-    std::string version;     ///< the plugin's own version (from its table; "" if not loaded)
+    std::string version;     ///< the plugin's own version (from its table; "" unless the
+                             ///< library was opened and its table read)
     std::filesystem::path manifest; ///< the manifest file
     std::filesystem::path library;  ///< the library the manifest names, resolved
     PluginState state = PluginState::ManifestInvalid;
     std::string reason;      ///< why not loaded (loader / plugin message); "" when Loaded
-    uint32_t abiMajor = 0;   ///< the plugin's ABI version (its table's once loaded, else manifest's)
+    uint32_t abiMajor = 0;   ///< the plugin's ABI version: its table's once the library was
+                             ///< opened (even when loading failed after that), else the manifest's
     uint32_t abiMinor = 0;
     std::string driverVersion; ///< from the probe, "" if unknown
     uint32_t deviceCount = 0;  ///< devices the probe reported
@@ -112,7 +114,9 @@ public:
     /// "vulkan:<uuid or unique prefix>", "hip", "*:gpu", "*:cpu", "*"); the first one matching a
     /// device wins, and an explicit selector is always `required`. "" uses the config's
     /// devices.prefer and devices.required; when nothing there matches and required is false,
-    /// the best device is taken and a warning names the selectors that failed and why.
+    /// the best device is taken and a warning names the selectors that failed and why. Messages
+    /// name where the preference came from (Config::devicePreferenceSource: BACKPLANE_DEVICE or
+    /// the config file).
     /// Throws Error(NoMatchingDevice) with the plugin report when nothing matches and the
     /// selection is required, Error(NoDevice) when no device exists at all, Error(Config) for a
     /// malformed selector.

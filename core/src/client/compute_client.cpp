@@ -3,6 +3,8 @@
 
 #include "server/compute_server.hpp"
 
+#include <backplane/error.hpp>
+
 #include <atomic>
 #include <cstdio>
 #include <optional>
@@ -66,22 +68,29 @@ MemoryUsage ComputeClient::memoryUsage() const { return server_->memoryUsage(); 
 void ComputeClient::memoryCleanup() { server_->memoryCleanup(); }
 PinnedBuffer ComputeClient::allocatePinned(size_t size) { return server_->allocatePinned(size); }
 
-void ComputeClient::write(const Buffer &buffer, const void *data, uint64_t size, uint64_t offset) {
-    server_->write(currentStream(), buffer, data, size, offset);
+void ComputeClient::write(const Buffer &buffer, uint64_t offset, const void *data, uint64_t size) {
+    server_->write(currentStream(), buffer, offset, data, size);
 }
-void ComputeClient::write(const Buffer &buffer, const PinnedBuffer &data, uint64_t size,
-                          uint64_t offset) {
-    server_->write(currentStream(), buffer, data, size, offset);
+void ComputeClient::write(const Buffer &buffer, uint64_t offset, const PinnedBuffer &data,
+                          uint64_t size) {
+    server_->write(currentStream(), buffer, offset, data, size);
 }
 ReadFuture ComputeClient::read(const Buffer &buffer, uint64_t offset, uint64_t size) {
     return server_->read(currentStream(), buffer, offset, size);
 }
-void ComputeClient::read(const Buffer &buffer, void *into, uint64_t size, uint64_t offset) {
-    server_->read(currentStream(), buffer, into, size, offset);
+void ComputeClient::readInto(const Buffer &buffer, uint64_t offset, void *into, uint64_t size) {
+    server_->readInto(currentStream(), buffer, offset, into, size);
 }
-void ComputeClient::read(const Buffer &buffer, const PinnedBuffer &into, uint64_t size,
-                         uint64_t offset) {
-    server_->read(currentStream(), buffer, into, size, offset);
+void ComputeClient::readInto(const Buffer &buffer, uint64_t offset, const PinnedBuffer &into,
+                             uint64_t size) {
+    server_->readInto(currentStream(), buffer, offset, into, size);
+}
+void ComputeClient::checkWholeElements(uint64_t bytes, size_t elementSize) {
+    if (elementSize != 0 && bytes % elementSize == 0) return;
+    throw Error(ErrorCode::InvalidArgument,
+                "readAs: the buffer's " + std::to_string(bytes) +
+                    " bytes are not a whole number of elements (sizeof(T) = " +
+                    std::to_string(elementSize) + "); read() gives the bytes as they are");
 }
 void ComputeClient::copy(const Buffer &src, uint64_t srcOffset, const Buffer &dst,
                          uint64_t dstOffset, uint64_t size) {
@@ -101,9 +110,7 @@ void ComputeClient::sync() { server_->sync(currentStream()); }
 void ComputeClient::syncAll() { server_->syncAll(); }
 
 ProfileToken ComputeClient::profileStart() { return server_->profileStart(currentStream()); }
-ProfileDuration ComputeClient::profileEnd(ProfileToken token) {
-    return server_->profileEnd(currentStream(), token);
-}
+ProfileDuration ComputeClient::profileEnd(ProfileToken token) { return server_->profileEnd(token); }
 
 EngineStats ComputeClient::stats() const { return server_->stats(); }
 uint64_t ComputeClient::nativeHandle(NativeKind kind, const Buffer *buffer) const {

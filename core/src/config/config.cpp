@@ -195,6 +195,7 @@ private:
         checkKeys(d, "/devices", {"prefer", "required", "backend_priority"});
         if (d.contains("prefer")) {
             c.devicePreference = strings(d["prefer"], "/devices/prefer");
+            c.devicePreferenceSource = file_.string();
             for (size_t i = 0; i < c.devicePreference.size(); ++i) {
                 try {
                     detail::parseSelector(c.devicePreference[i]);
@@ -315,6 +316,7 @@ void applyEnvironment(Config &config) {
             }
         }
         config.devicePreference = std::move(selectors);
+        config.devicePreferenceSource = "BACKPLANE_DEVICE";
     }
     if (const auto value = environment("BACKPLANE_PLUGIN_PATH")) {
         config.pluginPathOverride.clear();
@@ -395,6 +397,9 @@ std::string toJson(const Config &config, int indent) {
         {"source", config.source.empty() ? Json(nullptr) : Json(config.source.string())},
         {"devices",
          {{"prefer", config.devicePreference},
+          {"prefer_source", config.devicePreferenceSource.empty()
+                                ? Json(nullptr)
+                                : Json(config.devicePreferenceSource)},
           {"required", config.deviceRequired},
           {"backend_priority", config.backendPriority}}},
         {"plugins",

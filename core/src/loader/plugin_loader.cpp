@@ -446,8 +446,8 @@ LoadedPlugins loadPlugins(const Config &config) {
                 report.reason = "listed in plugins.disable";
             } else if (required && !contains(*required, manifest.name)) {
                 report.state = PluginState::FilteredOut;
-                report.reason = "devices.required is set and devices.prefer names only " +
-                                joined(*required);
+                report.reason = "devices.required is set and " + preferenceOrigin(config) +
+                                " names only " + joined(*required);
             } else {
                 Candidate c;
                 c.report = result.reports.size();

@@ -32,6 +32,41 @@ std::string requiredString(const Json &root, const std::filesystem::path &file, 
     return text;
 }
 
+/// "conformance": {"expected_failures": ["case name", ...]}; absent means none.
+std::vector<std::string> expectedFailures(const Json &root, const std::filesystem::path &file) {
+    std::vector<std::string> names;
+    const auto conformance = root.find("conformance");
+    if (conformance == root.end()) return names;
+    if (!conformance->is_object())
+        fail(file, "/conformance",
+             std::string("expected an object such as {\"expected_failures\": []}, got ") +
+                 conformance->type_name());
+    const auto list = conformance->find("expected_failures");
+    if (list == conformance->end()) return names;
+    if (!list->is_array())
+        fail(file, "/conformance/expected_failures",
+             std::string("expected an array of case names, got ") + list->type_name());
+    constexpr size_t kMaxNames = 1000, kMaxName = 200;
+    if (list->size() > kMaxNames)
+        fail(file, "/conformance/expected_failures",
+             "more than " + std::to_string(kMaxNames) + " entries");
+    for (size_t i = 0; i < list->size(); ++i) {
+        const std::string pointer = "/conformance/expected_failures/" + std::to_string(i);
+        const Json &entry = (*list)[i];
+        if (!entry.is_string())
+            fail(file, pointer, std::string("expected a case name (string), got ") +
+                                    entry.type_name());
+        const std::string name = entry.get<std::string>();
+        if (name.empty() || name.size() > kMaxName)
+            fail(file, pointer, "a case name has 1 to " + std::to_string(kMaxName) + " bytes");
+        for (const char c : name)
+            if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+                fail(file, pointer, "contains a control character");
+        names.push_back(name);
+    }
+    return names;
+}
+
 PluginManifest fromJson(const Json &root, const std::filesystem::path &file) {
     if (!root.is_object())
         fail(file, "/", std::string("expected an object, got ") + root.type_name());
@@ -59,6 +94,7 @@ PluginManifest fromJson(const Json &root, const std::filesystem::path &file) {
     m.abiMinor = minor;
     m.backend = requiredString(root, file, "backend", false);
     m.description = requiredString(root, file, "description", true);
+    m.expectedFailures = expectedFailures(root, file);
     return m;
 }
 

@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace backplane::detail {
 
-/// A parsed manifest: {"name", "library", "abi_version": "MAJOR.MINOR", "backend", "description"}.
+/// A parsed manifest: {"name", "library", "abi_version": "MAJOR.MINOR", "backend", "description"},
+/// optionally "conformance".
 struct PluginManifest {
     std::filesystem::path file;    ///< the manifest itself
     std::string name;              ///< plugin name; equals the table's plugin_name
@@ -19,6 +21,9 @@ struct PluginManifest {
     uint32_t abiMinor = 0;
     std::string backend;           ///< backend kind ("cuda", "vulkan", "host"...)
     std::string description;
+    /// "conformance": {"expected_failures": [case names]}: optional; conformance cases the plugin
+    /// is known to fail.
+    std::vector<std::string> expectedFailures;
 };
 
 /// Why a manifest is unusable; the message names the file and the JSON pointer.

@@ -24,6 +24,14 @@ PluginState stateOf(LoadFailure failure) {
     return PluginState::LibraryLoadFailed;
 }
 
+/// The report shows the table's ABI and version whenever the library was opened and its table
+/// read, loaded or not (abiMajor 0: it was not).
+void setTable(ProbeOutcome &out, const TableIdentity &table) {
+    out.version = table.version;
+    out.abiMajor = table.abiMajor;
+    out.abiMinor = table.abiMinor;
+}
+
 } // namespace
 
 std::optional<PluginState> pluginStateNamed(const std::string &name) {
@@ -45,15 +53,14 @@ ProbeOutcome probePlugin(const std::filesystem::path &path, const std::string &n
     } catch (const PluginLoadError &e) {
         out.state = stateOf(e.failure());
         out.reason = e.what();
+        setTable(out, e.table());
         return out;
     } catch (const std::exception &e) {
         out.state = PluginState::LibraryLoadFailed;
         out.reason = "cannot load " + path.string() + ": " + e.what();
         return out;
     }
-    out.version = library->version();
-    out.abiMajor = library->api().abi_major;
-    out.abiMinor = library->abiMinor();
+    setTable(out, {library->api().abi_major, library->abiMinor(), library->version()});
     bp_probe_result probe{};
     try {
         stage("probe");
@@ -249,6 +256,7 @@ ProbeOutcome loadWithAnswer(const std::filesystem::path &path, const std::string
         ProbeOutcome out;
         out.state = stateOf(e.failure());
         out.reason = e.what();
+        setTable(out, e.table());
         return out;
     }
     return answer;

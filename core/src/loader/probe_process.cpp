@@ -281,9 +281,10 @@ fs::path probeHelperPath() {
         if (selfCanonical.string().rfind(rootCanonical.string(), 0) == 0 && usable(inBuild))
             return inBuild;
     }
-    if (!self.empty()) {
-        const fs::path nextToLib = self.parent_path().parent_path() / "libexec" / "backplane" /
-                                   "backplane-probe";
+    // Relative to the library, so a relocated or staged install finds its own helper.
+    const fs::path fromLibdir = BACKPLANE_LIBEXEC_FROM_LIBDIR;
+    if (!self.empty() && !fromLibdir.empty()) {
+        const fs::path nextToLib = (self.parent_path() / fromLibdir / "backplane-probe").lexically_normal();
         if (usable(nextToLib)) return nextToLib;
     }
     const fs::path installed = fs::path(BACKPLANE_INSTALL_LIBEXEC_DIR) / "backplane-probe";

@@ -5,9 +5,11 @@
 
 #include <backplane/abi/plugin.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace backplane::detail {
@@ -26,8 +28,26 @@ struct FreeRecord {
 /// Frees arrive from any thread (the last Buffer copy may die anywhere, the GC thread drops
 /// holds); they are queued here and applied by the server under its engine lock. This keeps the
 /// pools single-threaded and makes a Buffer destructor never wait for the server.
+///
+/// Every slice points at its server's queue, which outlives the server: it is also what tells
+/// whose a Buffer is, so the queue carries its owner's description for the messages about a
+/// Buffer used with another client.
 class FreeQueue {
 public:
+    FreeQueue() = default;
+    FreeQueue(std::string deviceId, uint64_t openNumber)
+        : deviceId_(std::move(deviceId)), openNumber_(openNumber) {}
+    FreeQueue(const FreeQueue &) = delete;
+    FreeQueue &operator=(const FreeQueue &) = delete;
+
+    /// The device of the server that owns the queue ("host:0").
+    const std::string &deviceId() const noexcept { return deviceId_; }
+    /// Which open() of the process created that server (1, 2...).
+    uint64_t openNumber() const noexcept { return openNumber_; }
+    /// True once that server was destroyed (its client closed).
+    bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+    void markClosed() noexcept { closed_.store(true, std::memory_order_release); }
+
     void push(FreeRecord record) {
         std::lock_guard lock(mutex_);
         records_.push_back(std::move(record));
@@ -46,6 +66,9 @@ public:
 private:
     std::mutex mutex_;
     std::vector<FreeRecord> records_;
+    std::string deviceId_;
+    uint64_t openNumber_ = 0;
+    std::atomic<bool> closed_{false};
 };
 
 /// One live allocation. Refcounted through shared_ptr: Buffer copies, cross-stream GC holds and
@@ -69,7 +92,8 @@ struct Slice {
     Slice(const Slice &) = delete;
     Slice &operator=(const Slice &) = delete;
     ~Slice() {
-        if (!queue) return;
+        // A zero-byte slice holds no pool memory (record.page is null): nothing to give back.
+        if (!queue || record.page == nullptr) return;
         // The last reference is gone, so no other thread touches `uses` any more.
         record.hazards = std::move(uses);
         queue->push(std::move(record));

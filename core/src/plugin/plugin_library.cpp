@@ -191,26 +191,32 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
     if (api == nullptr || api->struct_size < offsetof(bp_plugin_api, plugin_version) + sizeof(void *))
         throw PluginLoadError(LoadFailure::InvalidTable,
                               file + ": the entry symbol returned no usable function table");
+    // struct_size and the ABI version lead every table; the rest is laid out by ABI major.
+    TableIdentity identity{api->abi_major, api->abi_minor, {}};
     if (api->abi_major != BP_ABI_VERSION_MAJOR)
         throw PluginLoadError(
             LoadFailure::AbiMismatch,
             file + " was built for plugin ABI " + std::to_string(api->abi_major) + "." +
                 std::to_string(api->abi_minor) + " but this backplane speaks ABI " +
                 std::to_string(BP_ABI_VERSION_MAJOR) + "." + std::to_string(BP_ABI_VERSION_MINOR) +
-                "; rebuild the plugin against this backplane's headers");
+                "; rebuild the plugin against this backplane's headers",
+            identity);
+    identity.version = tableString(api->plugin_version); // inside struct_size: checked above
     if (api->struct_size < kMinimumTable || api->plugin_init == nullptr ||
         api->plugin_destroy == nullptr || api->probe == nullptr || api->device_info == nullptr)
         throw PluginLoadError(LoadFailure::InvalidTable,
                               file + ": function table of " + std::to_string(api->struct_size) +
                                   " bytes is smaller than ABI 1.0's " +
-                                  std::to_string(kMinimumTable) + " or lacks required functions");
+                                  std::to_string(kMinimumTable) + " or lacks required functions",
+                              identity);
     plugin->api_ = api;
     plugin->name_ = tableString(api->plugin_name);
-    plugin->version_ = tableString(api->plugin_version);
+    plugin->version_ = identity.version;
     if (!expectedName.empty() && plugin->name_ != expectedName)
         throw PluginLoadError(LoadFailure::InvalidTable,
                               file + " calls itself '" + plugin->name_ +
-                                  "' but its manifest says '" + expectedName + "'");
+                                  "' but its manifest says '" + expectedName + "'",
+                              identity);
 
     bp_plugin_init_args args{};
     args.struct_size = sizeof(args);
@@ -228,7 +234,7 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
     if (status != BP_SUCCESS) {
         plugin->instance_ = nullptr;
         throw PluginLoadError(LoadFailure::InitFailed,
-                              file + ": plugin_init failed: " + errorText(error));
+                              file + ": plugin_init failed: " + errorText(error), identity);
     }
     log::write(log::Subsystem::Loader, log::Level::Debug,
                "loaded " + plugin->name_ + " " + plugin->version_ + " from " + file);

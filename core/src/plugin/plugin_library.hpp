@@ -26,15 +26,27 @@ enum class LoadFailure {
     InitFailed,    ///< plugin_init returned an error (or threw through the SDK)
 };
 
+/// What a plugin's function table says about itself: reports show it once the library was
+/// opened, even when loading failed after that.
+struct TableIdentity {
+    uint32_t abiMajor = 0; ///< 0: the table was not read
+    uint32_t abiMinor = 0;
+    /// plugin_version; "" when not read (a table of another ABI major has another layout)
+    std::string version;
+};
+
 /// Thrown by PluginLibrary::open; message names the file and what to do.
 class PluginLoadError : public Error {
 public:
-    PluginLoadError(LoadFailure failure, const std::string &message)
-        : Error(ErrorCode::PluginLoad, message), failure_(failure) {}
+    PluginLoadError(LoadFailure failure, const std::string &message, TableIdentity table = {})
+        : Error(ErrorCode::PluginLoad, message), failure_(failure), table_(std::move(table)) {}
     LoadFailure failure() const noexcept { return failure_; }
+    /// The table's ABI and version when the failure came after the table was read.
+    const TableIdentity &table() const noexcept { return table_; }
 
 private:
     LoadFailure failure_;
+    TableIdentity table_;
 };
 
 /// Settings passed to plugin_init.

@@ -40,6 +40,13 @@ std::string uuidHex(const DeviceInfo &route) {
 
 } // namespace
 
+std::string preferenceOrigin(const Config &config) {
+    const std::string &source = config.devicePreferenceSource;
+    if (source.empty()) return "devices.prefer";
+    if (source == "BACKPLANE_DEVICE") return source;
+    return source + " devices.prefer";
+}
+
 DeviceSelector parseSelector(std::string_view raw) {
     const std::string_view text = trim(raw);
     DeviceSelector s;

@@ -1,6 +1,7 @@
 // Device selectors ("cuda:0", "vulkan:<uuid prefix>", "hip", "*:gpu", "*"): parsing and matching.
 #pragma once
 
+#include <backplane/config.hpp>
 #include <backplane/device.hpp>
 
 #include <cstdint>
@@ -30,6 +31,10 @@ struct DeviceSelector {
     /// True when the selector can only match devices of one named plugin.
     bool namesBackend() const { return !backend.empty(); }
 };
+
+/// Where `config`'s device preference came from, as messages name it: "BACKPLANE_DEVICE",
+/// "<file> devices.prefer", or "devices.prefer" (defaults or code).
+std::string preferenceOrigin(const Config &config);
 
 /// Parses one selector (surrounding spaces ignored). Throws Error(Config) saying what is wrong
 /// and what the forms are; callers prefix the location (file and JSON path, or variable).

@@ -225,13 +225,9 @@ const std::vector<std::filesystem::path> &Runtime::searchPath() const {
 }
 
 Selection Runtime::select(const std::string &selector) const {
-    if (selector.empty()) {
-        const std::string origin = impl_->config.source.empty()
-                                       ? "devices.prefer"
-                                       : impl_->config.source.string() + " devices.prefer";
+    if (selector.empty())
         return selectFrom(*impl_, impl_->config.devicePreference, impl_->config.deviceRequired,
-                          origin, true);
-    }
+                          detail::preferenceOrigin(impl_->config), true);
     std::vector<std::string> list;
     size_t start = 0;
     while (start <= selector.size()) {
@@ -252,8 +248,9 @@ std::string Runtime::reportJson(int indent) const {
     for (const auto &p : impl_->searchPath) searchPath.push_back(p.string());
     Json selection;
     try {
-        const Selection s = selectFrom(*impl_, impl_->config.devicePreference,
-                                       impl_->config.deviceRequired, "devices.prefer", false);
+        const Selection s =
+            selectFrom(*impl_, impl_->config.devicePreference, impl_->config.deviceRequired,
+                       detail::preferenceOrigin(impl_->config), false);
         selection = {{"device", s.device.id()}, {"reason", s.reason}, {"rejected", s.rejected}};
     } catch (const Error &e) {
         selection = {{"device", nullptr},

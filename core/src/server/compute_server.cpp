@@ -11,6 +11,10 @@ namespace {
 
 constexpr uint64_t kMinStagingChunk = 64 * 1024;
 
+/// Numbers every open() of the process: tells two clients of one device apart in messages and
+/// profile tokens.
+std::atomic<uint64_t> nextOpenNumber{1};
+
 uint64_t alignUp(uint64_t value, uint64_t alignment) {
     return (value + alignment - 1) / alignment * alignment;
 }
@@ -37,7 +41,8 @@ std::pair<uint64_t, uint64_t> stagingSizes(const DeviceInfo &info, const Config 
 
 ComputeServer::ComputeServer(std::shared_ptr<Driver> driver, const Config &config)
     : driver_(std::move(driver)), config_(config), layout_(computePoolLayout(info(), config_)),
-      maxStreams_(slotCount(info(), config_)), freeQueue_(std::make_shared<FreeQueue>()),
+      maxStreams_(slotCount(info(), config_)), openNumber_(nextOpenNumber.fetch_add(1)),
+      freeQueue_(std::make_shared<FreeQueue>(info().id(), openNumber_)),
       streams_(std::make_shared<PluginStreams>(driver_)), tracker_(maxStreams_),
       kernels_(driver_, config_) {
     pool_ = std::make_unique<MemoryPool>(driver_, layout_, freeQueue_, tracker_);
@@ -59,6 +64,8 @@ ComputeServer::ComputeServer(std::shared_ptr<Driver> driver, const Config &confi
 }
 
 ComputeServer::~ComputeServer() {
+    // Buffers that outlive the client now say so when used with another one.
+    freeQueue_->markClosed();
     try {
         syncAll();
     } catch (const std::exception &e) {
@@ -86,11 +93,38 @@ ComputeServer::~ComputeServer() {
 const std::shared_ptr<Slice> &ComputeServer::sliceOf(const Buffer &buffer, const char *what) const {
     if (!buffer.slice_)
         throw Error(ErrorCode::InvalidArgument, std::string(what) + ": empty Buffer");
-    if (buffer.slice_->queue != freeQueue_)
+    const FreeQueue *owner = buffer.slice_->queue.get();
+    if (owner == freeQueue_.get()) return buffer.slice_;
+    const std::string self =
+        " (this client is open #" + std::to_string(openNumber_) + " of " + info().id() + ")";
+    if (owner == nullptr) // not made by any server: a broken invariant, said plainly
         throw Error(ErrorCode::InvalidArgument,
-                    std::string(what) + ": the Buffer belongs to another device than " +
-                        info().id());
-    return buffer.slice_;
+                    std::string(what) + ": the Buffer was not allocated by a ComputeClient");
+    if (owner->closed())
+        throw Error(
+            ErrorCode::InvalidArgument,
+            std::string(what) + ": the Buffer comes from a ComputeClient of " + owner->deviceId() +
+                " (open #" + std::to_string(owner->openNumber()) +
+                ") that was closed: every copy of that client is gone, and its memory with it" +
+                self + "; allocate the buffer with a client that is open");
+    if (owner->deviceId() == info().id())
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string(what) + ": the Buffer comes from another open() of " + info().id() +
+                        " (open #" + std::to_string(owner->openNumber()) +
+                        ", another ComputeClient of the same device)" + self +
+                        "; a Buffer works only with the client that allocated it and its "
+                        "copies: share that ComputeClient, or copy the data through the host");
+    throw Error(ErrorCode::InvalidArgument, std::string(what) + ": the Buffer belongs to " +
+                                                owner->deviceId() +
+                                                ", another device; this client's device is " +
+                                                info().id() + ". Copy the data through the host");
+}
+
+std::shared_ptr<Slice> ComputeServer::zeroSlice(uint32_t slot) const {
+    auto slice = std::make_shared<Slice>();
+    slice->queue = freeQueue_; // identity only: record.page stays null, nothing returns to a pool
+    slice->homeSlot = slot;
+    return slice;
 }
 
 // ----- failures ---------------------------------------------------------------------------------
@@ -243,12 +277,18 @@ std::shared_ptr<Slice> ComputeServer::allocate(uint32_t slot, uint64_t size) {
 }
 
 Buffer ComputeServer::empty(StreamId stream, uint64_t size) {
+    if (size == 0) {
+        // No page and no pool bookkeeping: transfers of 0 bytes to and from it do nothing, and
+        // execute() refuses to bind it.
+        checkAlive();
+        return Buffer(zeroSlice(slotOf(stream)));
+    }
     return Buffer(allocate(slotOf(stream), size));
 }
 
 Buffer ComputeServer::create(StreamId stream, const void *data, uint64_t size) {
     Buffer buffer = empty(stream, size);
-    write(stream, buffer, data, size, 0);
+    write(stream, buffer, 0, data, size);
     return buffer;
 }
 
@@ -334,7 +374,15 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     checkAlive();
     // The launch path allocates nothing on the heap for up to 16 buffers.
     boost::container::small_vector<SlicePtr, 17> slices;
-    for (const Buffer &b : dispatch.bindings) slices.push_back(&sliceOf(b, "execute"));
+    for (const Buffer &b : dispatch.bindings) {
+        slices.push_back(&sliceOf(b, "execute"));
+        if ((*slices.back())->size == 0)
+            throw Error(ErrorCode::InvalidArgument,
+                        "kernel '" + kernel.name + "': binding " +
+                            std::to_string(slices.size() - 1) +
+                            " is a zero-byte Buffer; a kernel cannot bind one (it has no "
+                            "memory): bind a buffer of at least one byte, or skip the launch");
+    }
     if (dispatch.gridBuffer) {
         if (!driver_->hasCapability(BP_CAPABILITY_INDIRECT_DISPATCH))
             throw Error(ErrorCode::Unsupported,
@@ -522,22 +570,45 @@ ProfileToken ComputeServer::profileStart(StreamId stream) {
         ++counters_.eventsCreated;
     }
     record.id = nextProfile_++;
+    record.stream = stream;
     profiles_.push_back(std::move(record));
-    return {profiles_.back().id};
+    return {profiles_.back().id, openNumber_};
 }
 
-ProfileDuration ComputeServer::profileEnd(StreamId stream, ProfileToken token) {
+ProfileDuration ComputeServer::profileEnd(ProfileToken token) {
     checkAlive();
-    (void)stream;
     ProfileRecord record;
     EventOwner end;
     {
         std::lock_guard lock(mutex_);
+        const std::string name = "token " + std::to_string(token.id);
+        if (token.id == 0 || token.client == 0)
+            throw Error(ErrorCode::InvalidArgument,
+                        "profileEnd: the token was not returned by profileStart (a "
+                        "default-constructed ProfileToken)");
+        if (token.client != openNumber_)
+            throw Error(ErrorCode::InvalidArgument,
+                        "profileEnd: " + name + " was started by another ComputeClient (open #" +
+                            std::to_string(token.client) + "), not by this one (open #" +
+                            std::to_string(openNumber_) + " of " + info().id() +
+                            "); end it with the client that started it");
         auto it = std::find_if(profiles_.begin(), profiles_.end(),
                                [&](const ProfileRecord &r) { return r.id == token.id; });
         if (it == profiles_.end())
             throw Error(ErrorCode::InvalidArgument,
-                        "profileEnd: unknown or already ended token " + std::to_string(token.id));
+                        "profileEnd: " + name + " is not open: it was already ended");
+        // Tokens of one stream nest: the last one started on it must end first. Records are in
+        // start order, so that is the last record of the stream.
+        const auto inner =
+            std::find_if(profiles_.rbegin(), profiles_.rend(),
+                         [&](const ProfileRecord &r) { return r.stream == it->stream; });
+        if (inner->id != token.id)
+            throw Error(
+                ErrorCode::InvalidArgument,
+                "profileEnd: " + name + " ended out of order: token " + std::to_string(inner->id) +
+                    " is still open (started after it on stream " + std::to_string(it->stream) +
+                    "); tokens nest, so end them in reverse order of profileStart. Nothing "
+                    "was ended");
         record = std::move(*it);
         profiles_.erase(it);
         if (record.start) {
@@ -596,10 +667,15 @@ uint64_t ComputeServer::nativeHandle(StreamId stream, NativeKind kind, const Buf
         void *s = multi_ ? multi_->slot(slot).stream : scheduler_->stream(slot);
         return driver_->nativeHandle(BP_NATIVE_STREAM, s);
     }
-    case NativeKind::Memory:
+    case NativeKind::Memory: {
         if (buffer == nullptr)
             throw Error(ErrorCode::InvalidArgument, "nativeHandle(Memory) needs a buffer");
-        return driver_->nativeHandle(BP_NATIVE_MEMORY, sliceOf(*buffer, "nativeHandle")->memory);
+        const auto &slice = sliceOf(*buffer, "nativeHandle");
+        if (slice->memory == nullptr)
+            throw Error(ErrorCode::InvalidArgument,
+                        "nativeHandle(Memory): a zero-byte Buffer has no memory");
+        return driver_->nativeHandle(BP_NATIVE_MEMORY, slice->memory);
+    }
     }
     return 0;
 }

@@ -83,14 +83,16 @@ public:
     void memoryCleanup();
     PinnedBuffer allocatePinned(size_t size);
 
-    void write(StreamId stream, const Buffer &buffer, const void *data, uint64_t size,
-               uint64_t offset);
-    void write(StreamId stream, const Buffer &buffer, const PinnedBuffer &data, uint64_t size,
-               uint64_t offset);
+    // Transfers take (buffer, offset, host side, size), as ComputeClient's do.
+    void write(StreamId stream, const Buffer &buffer, uint64_t offset, const void *data,
+               uint64_t size);
+    void write(StreamId stream, const Buffer &buffer, uint64_t offset, const PinnedBuffer &data,
+               uint64_t size);
     ReadFuture read(StreamId stream, const Buffer &buffer, uint64_t offset, uint64_t size);
-    void read(StreamId stream, const Buffer &buffer, void *into, uint64_t size, uint64_t offset);
-    void read(StreamId stream, const Buffer &buffer, const PinnedBuffer &into, uint64_t size,
-              uint64_t offset);
+    void readInto(StreamId stream, const Buffer &buffer, uint64_t offset, void *into,
+                  uint64_t size);
+    void readInto(StreamId stream, const Buffer &buffer, uint64_t offset, const PinnedBuffer &into,
+                  uint64_t size);
     void copy(StreamId stream, const Buffer &src, uint64_t srcOffset, const Buffer &dst,
               uint64_t dstOffset, uint64_t size);
     void fill(StreamId stream, const Buffer &buffer, uint32_t pattern, uint64_t offset,
@@ -104,7 +106,8 @@ public:
     void syncAll();
 
     ProfileToken profileStart(StreamId stream);
-    ProfileDuration profileEnd(StreamId stream, ProfileToken token);
+    /// Ends `token` on the stream it was started on.
+    ProfileDuration profileEnd(ProfileToken token);
 
     EngineStats stats();
     uint64_t nativeHandle(StreamId stream, NativeKind kind, const Buffer *buffer);
@@ -117,6 +120,7 @@ private:
     using SlicePtr = const std::shared_ptr<Slice> *;
     struct ProfileRecord {
         uint64_t id = 0;
+        StreamId stream = 0; ///< tokens of one stream nest
         uint32_t slot = 0;
         EventOwner start;
         std::chrono::steady_clock::time_point hostStart;
@@ -125,7 +129,11 @@ private:
     uint32_t slotOf(StreamId stream) const noexcept {
         return static_cast<uint32_t>(stream % maxStreams_);
     }
+    /// The buffer's slice; Error(InvalidArgument) for an empty Buffer and for one of another
+    /// client, saying whose (another open() of the device, a closed client, another device).
     const std::shared_ptr<Slice> &sliceOf(const Buffer &buffer, const char *what) const;
+    /// A zero-byte slice: no pool memory, the identity of this server.
+    std::shared_ptr<Slice> zeroSlice(uint32_t slot) const;
     /// Throws Error(DeviceLost) once a stream's work failed.
     void checkAlive() const;
     void markLost(const std::string &why);
@@ -171,6 +179,7 @@ private:
     Config config_;
     PoolLayout layout_;
     uint32_t maxStreams_ = 1;
+    uint64_t openNumber_ = 0; ///< which open() of the process this is (messages, profile tokens)
     std::shared_ptr<FreeQueue> freeQueue_;
     std::shared_ptr<PluginStreams> streams_;
     CompletionTracker tracker_;

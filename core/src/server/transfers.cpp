@@ -19,6 +19,24 @@ void checkTransferRange(const Slice &slice, uint64_t offset, uint64_t size, cons
                         std::to_string(slice.size) + " bytes");
 }
 
+// A pinned transfer uses the PinnedBuffer from its start.
+void checkPinnedSize(const PinnedBuffer &pinned, uint64_t size, const char *what) {
+    if (pinned.data() == nullptr)
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string(what) + ": the PinnedBuffer is empty (default-constructed)");
+    if (size > pinned.size())
+        throw Error(ErrorCode::InvalidArgument, std::string(what) + " of " + std::to_string(size) +
+                                                    " bytes overruns a PinnedBuffer of " +
+                                                    std::to_string(pinned.size()) + " bytes");
+}
+
+void checkHostPointer(const void *host, const char *what) {
+    if (host == nullptr)
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string(what) + ": the host pointer is null (only a transfer of 0 bytes "
+                                        "may pass one)");
+}
+
 } // namespace
 
 // ----- pageable memory through staging ----------------------------------------------------------
@@ -111,12 +129,13 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
     for (uint64_t i = count > depth ? count - depth : 0; i < count; ++i) drain(i);
 }
 
-void ComputeServer::write(StreamId stream, const Buffer &buffer, const void *data, uint64_t size,
-                          uint64_t offset) {
+void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset, const void *data,
+                          uint64_t size) {
     checkAlive();
     const auto &slice = sliceOf(buffer, "write");
     checkTransferRange(*slice, offset, size, "write");
     if (size == 0) return;
+    checkHostPointer(data, "write");
     const uint32_t slot = slotOf(stream);
     if (!multi_) {
         // Scheduler streams: the queued task owns a copy of the data.
@@ -136,12 +155,13 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, const void *dat
     throttle(slot);
 }
 
-void ComputeServer::read(StreamId stream, const Buffer &buffer, void *into, uint64_t size,
-                         uint64_t offset) {
+void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t offset, void *into,
+                             uint64_t size) {
     checkAlive();
-    const auto &slice = sliceOf(buffer, "read");
-    checkTransferRange(*slice, offset, size, "read");
+    const auto &slice = sliceOf(buffer, "readInto");
+    checkTransferRange(*slice, offset, size, "readInto");
     if (size == 0) return;
+    checkHostPointer(into, "readInto");
     const uint32_t slot = slotOf(stream);
     if (!multi_) {
         const SlicePtr slices[] = {&slice};
@@ -165,9 +185,8 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
                                uint64_t size) {
     checkAlive();
     const auto &slice = sliceOf(buffer, "read");
-    if (offset > slice->size)
-        throw Error(ErrorCode::InvalidArgument, "read offset beyond the end of the buffer");
-    if (size == UINT64_MAX || size > slice->size - offset) size = slice->size - offset;
+    if (size == UINT64_MAX) size = slice->size - std::min(offset, slice->size);
+    checkTransferRange(*slice, offset, size, "read");
     if (size == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
     const uint32_t slot = slotOf(stream);
     const SlicePtr slices[] = {&slice};
@@ -248,13 +267,13 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
 
 // ----- pinned memory ----------------------------------------------------------------------------
 
-void ComputeServer::write(StreamId stream, const Buffer &buffer, const PinnedBuffer &data,
-                          uint64_t size, uint64_t offset) {
+void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset,
+                          const PinnedBuffer &data, uint64_t size) {
     checkAlive();
     const auto &slice = sliceOf(buffer, "write");
-    if (!data.block_ || size > data.block_->size())
-        throw Error(ErrorCode::InvalidArgument, "pinned write: sizes out of range");
+    checkPinnedSize(data, size, "pinned write");
     checkTransferRange(*slice, offset, size, "pinned write");
+    if (size == 0) return;
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;
@@ -272,13 +291,13 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, const PinnedBuf
     throttle(slot);
 }
 
-void ComputeServer::read(StreamId stream, const Buffer &buffer, const PinnedBuffer &into,
-                         uint64_t size, uint64_t offset) {
+void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t offset,
+                             const PinnedBuffer &into, uint64_t size) {
     checkAlive();
-    const auto &slice = sliceOf(buffer, "read");
-    if (!into.block_ || size > into.block_->size())
-        throw Error(ErrorCode::InvalidArgument, "pinned read: sizes out of range");
-    checkTransferRange(*slice, offset, size, "pinned read");
+    const auto &slice = sliceOf(buffer, "readInto");
+    checkPinnedSize(into, size, "pinned readInto");
+    checkTransferRange(*slice, offset, size, "pinned readInto");
+    if (size == 0) return;
     const uint32_t slot = slotOf(stream);
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
@@ -317,6 +336,7 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
                             std::to_string(size) + " bytes); copies between overlapping "
                             "ranges are undefined on GPUs: copy through a temporary buffer");
     }
+    if (size == 0) return;
     const SlicePtr slices[] = {&a, &b};
     Driver *driver = driver_.get();
     bp_memory *from = a->memory;
@@ -341,6 +361,7 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     if (offset % 4 != 0 || size % 4 != 0 || offset > slice->size || size > slice->size - offset)
         throw Error(ErrorCode::InvalidArgument, "fill: offset and size must be multiples of 4 "
                                                 "inside the buffer");
+    if (size == 0) return;
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;

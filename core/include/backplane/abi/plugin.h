@@ -21,6 +21,11 @@
  * - Enumerations inside argument structs arrive as plain integers from C callers: a plugin reads
  *   them as integers and rejects unknown values with BP_ERROR_INVALID_ARGUMENT (never switch on an
  *   out-of-range enum value).
+ * - Bad arguments are answered, never crashed on: a NULL argument struct or out pointer (unless
+ *   the function says it may be NULL), a size or offset outside the page (including sums that
+ *   overflow 64 bits), an index past the device count, flags this version does not define: each
+ *   returns BP_ERROR_INVALID_ARGUMENT (NOT_FOUND for indices) with a message. `backplane
+ *   conformance` checks every rule of this header (docs/conformance.md).
  * - Thread safety: plugin-level and device-level functions may be called from any thread at any
  *   time. Functions that take a bp_stream are never called concurrently for the same stream (the
  *   core serialises per stream) but are called concurrently for different streams. Event
@@ -205,7 +210,7 @@ typedef struct bp_device_info {
 /// Arguments of device_open. Reserved for options; fill struct_size.
 typedef struct bp_device_open_args {
     size_t struct_size;
-    uint32_t flags; ///< none defined in v1; must be 0
+    uint32_t flags; ///< none defined in v1; must be 0 (others: BP_ERROR_INVALID_ARGUMENT)
 } bp_device_open_args;
 
 /* ---------------------------------------------------------------------------------------------
@@ -254,7 +259,9 @@ typedef struct bp_flush_args {
 
 /* ---------------------------------------------------------------------------------------------
  * Transfers (all stream-ordered and asynchronous: host pointers must stay valid and unchanged
- * until an event flushed after the call has completed)
+ * until an event flushed after the call has completed). A size of 0 is valid and does nothing,
+ * at any offset up to the page's size; any byte of a range past the page is
+ * BP_ERROR_INVALID_ARGUMENT and nothing is written.
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct bp_copy_host_to_device_args {
@@ -415,7 +422,8 @@ typedef struct bp_plugin_api {
     /// Destroys a stream after waiting for its work. Events flushed from it stay valid.
     void (*stream_destroy)(bp_device *device, bp_stream *stream);
     /// Submits everything recorded on the stream. When `out` is not NULL, also returns an event
-    /// that completes when all work submitted so far on this stream has completed.
+    /// that completes when all work submitted so far on this stream has completed. `args` may
+    /// be NULL (flags 0).
     bp_status (*stream_flush)(bp_device *device, bp_stream *stream, const bp_flush_args *args,
                               bp_event **out, bp_error *error);
     /// Device-side wait: later work on `stream` starts after `event` completed. The event may
@@ -454,6 +462,8 @@ typedef struct bp_plugin_api {
                                 bp_error *error);
     bp_status (*kernel_load)(bp_device *device, const bp_kernel_load_args *args, bp_kernel **out,
                              bp_error *error);
+    /// May be called while launches of the kernel are recorded or pending: the plugin keeps
+    /// what they use alive until they completed.
     void (*kernel_release)(bp_device *device, bp_kernel *kernel);
     /// Records a launch on the stream. Bindings must belong to this device.
     bp_status (*kernel_launch)(bp_device *device, bp_stream *stream, const bp_launch_args *args,

@@ -75,6 +75,21 @@ template <size_t N> void copyString(char (&dst)[N], std::string_view src) noexce
     dst[n] = '\0';
 }
 
+/// An enum field as the integer the caller stored: a C caller may store any value, and loading
+/// one outside the enum's range as the enum type is undefined in C++ (plugin.h, "Enumerations").
+template <class Enum> uint32_t rawValue(const Enum &field) noexcept {
+    static_assert(sizeof(Enum) == sizeof(uint32_t));
+    uint32_t raw;
+    std::memcpy(&raw, &field, sizeof(raw));
+    return raw;
+}
+
+/// The status for refusing a kernel dialect: BP_ERROR_UNSUPPORTED for a dialect the ABI defines
+/// but this device does not take, BP_ERROR_INVALID_ARGUMENT for a value that is no dialect.
+inline bp_status refusedDialectStatus(const bp_dialect &dialect) noexcept {
+    return rawValue(dialect) <= BP_DIALECT_HOST ? BP_ERROR_UNSUPPORTED : BP_ERROR_INVALID_ARGUMENT;
+}
+
 /// A zero-initialised ABI struct with struct_size set: the way to build any argument struct.
 template <class T> T makeStruct() noexcept {
     T value{};
@@ -206,6 +221,13 @@ template <class T> T readArgs(const T *in) {
     return out;
 }
 
+/// The out pointer of a function that creates something: NULL is the caller's error.
+template <class T> T &outParam(T *out, const char *function) {
+    if (out == nullptr)
+        throw Error(BP_ERROR_INVALID_ARGUMENT, std::string(function) + ": the out pointer is NULL");
+    return *out;
+}
+
 /// Writes a full struct back into the caller's, up to the caller's struct_size.
 template <class T> void writeResult(T *out, const T &value) {
     if (out == nullptr) throw Error(BP_ERROR_INVALID_ARGUMENT, "null result struct");
@@ -272,13 +294,14 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
         t.plugin_init = [](const bp_plugin_init_args *args, bp_plugin **out, bp_error *error) {
             return guard(error, [&] {
                 const auto a = readArgs(args);
+                bp_plugin *&result = outParam(out, "plugin_init");
                 if (a.host_abi_major != BP_ABI_VERSION_MAJOR)
                     throw Error(BP_ERROR_UNSUPPORTED,
                                 "host ABI major " + std::to_string(a.host_abi_major) +
                                     " differs from the plugin's " +
                                     std::to_string(BP_ABI_VERSION_MAJOR));
                 Plugin *plugin = new P(a);
-                *out = toHandle<bp_plugin>(plugin);
+                result = toHandle<bp_plugin>(plugin);
             });
         };
         t.plugin_destroy = [](bp_plugin *p) {
@@ -293,7 +316,13 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
         t.device_open = [](bp_plugin *p, uint32_t index, const bp_device_open_args *args,
                            bp_device **out, bp_error *error) {
             return guard(error, [&] {
-                *out = toHandle<bp_device>(fromHandle<Plugin>(p).open(index, readArgs(args)).release());
+                bp_device *&result = outParam(out, "device_open");
+                const auto a = args ? readArgs(args) : makeStruct<bp_device_open_args>();
+                if (a.flags != 0)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "device_open: flags " + std::to_string(a.flags) +
+                                    " are not defined in this ABI (they must be 0)");
+                result = toHandle<bp_device>(fromHandle<Plugin>(p).open(index, a).release());
             });
         };
         t.device_close = [](bp_device *d) { guardRelease([&] { delete &device(d); }); };
@@ -302,7 +331,8 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
                                void **mapped, bp_error *error) {
             return guard(error, [&] {
                 void *m = nullptr;
-                *out = toHandle<bp_memory>(device(d).allocate(readArgs(args), &m).release());
+                bp_memory *&result = outParam(out, "memory_allocate");
+                result = toHandle<bp_memory>(device(d).allocate(readArgs(args), &m).release());
                 if (mapped != nullptr) *mapped = m;
             });
         };
@@ -310,13 +340,17 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
             guardRelease([&] { delete &fromHandle<Memory>(m); });
         };
         t.memory_map = [](bp_device *d, bp_memory *m, void **mapped, bp_error *error) {
-            return guard(error, [&] { *mapped = device(d).map(fromHandle<Memory>(m)); });
+            return guard(error, [&] {
+                void *&result = outParam(mapped, "memory_map");
+                result = device(d).map(fromHandle<Memory>(m));
+            });
         };
 
         t.stream_create = [](bp_device *d, const bp_stream_create_args *args, bp_stream **out,
                              bp_error *error) {
             return guard(error, [&] {
-                *out = toHandle<bp_stream>(device(d).createStream(readArgs(args)).release());
+                bp_stream *&result = outParam(out, "stream_create");
+                result = toHandle<bp_stream>(device(d).createStream(readArgs(args)).release());
             });
         };
         t.stream_destroy = [](bp_device *, bp_stream *s) {
@@ -356,7 +390,8 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
         t.event_elapsed_ns = [](bp_device *d, bp_event *start, bp_event *end, uint64_t *out,
                                 bp_error *error) {
             return guard(error, [&] {
-                *out = device(d).elapsedNs(fromHandle<Event>(start), fromHandle<Event>(end));
+                uint64_t &result = outParam(out, "event_elapsed_ns");
+                result = device(d).elapsedNs(fromHandle<Event>(start), fromHandle<Event>(end));
             });
         };
 
@@ -403,7 +438,8 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
         t.kernel_load = [](bp_device *d, const bp_kernel_load_args *args, bp_kernel **out,
                            bp_error *error) {
             return guard(error, [&] {
-                *out = toHandle<bp_kernel>(device(d).load(readArgs(args)).release());
+                bp_kernel *&result = outParam(out, "kernel_load");
+                result = toHandle<bp_kernel>(device(d).load(readArgs(args)).release());
             });
         };
         t.kernel_release = [](bp_device *, bp_kernel *k) {
@@ -415,7 +451,14 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
         };
         t.native_handle = [](bp_device *d, bp_native_kind kind, const void *object, uint64_t *out,
                              bp_error *error) {
-            return guard(error, [&] { *out = device(d).nativeHandle(kind, object); });
+            return guard(error, [&] {
+                uint64_t &result = outParam(out, "native_handle");
+                // Read as an integer first: a C caller may pass any value (plugin.h).
+                if (const uint32_t raw = rawValue(kind); raw > BP_NATIVE_MEMORY)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "native_handle: kind " + std::to_string(raw) + " is not a bp_native_kind");
+                result = device(d).nativeHandle(kind, object);
+            });
         };
         return t;
     }();

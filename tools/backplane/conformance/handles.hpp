@@ -1,0 +1,133 @@
+// RAII over the plugin's C table for conformance cases: each handle is released exactly once,
+// through the table, in the order the case's scopes end (memory, streams, kernels before the
+// device closes). Checked helpers fail the case with the plugin's message.
+#pragma once
+
+#include "suite.hpp"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace backplane::conformance {
+
+/// A handle of type T released by `release(device, handle)` of the table.
+template <class T> class Owned {
+public:
+    using Release = void (*)(bp_device *, T *);
+    Owned() = default;
+    Owned(bp_device *device, T *handle, Release release)
+        : device_(device), handle_(handle), release_(release) {}
+    Owned(Owned &&o) noexcept { *this = std::move(o); }
+    Owned &operator=(Owned &&o) noexcept {
+        if (this != &o) {
+            reset();
+            device_ = std::exchange(o.device_, nullptr);
+            handle_ = std::exchange(o.handle_, nullptr);
+            release_ = o.release_;
+        }
+        return *this;
+    }
+    ~Owned() { reset(); }
+    T *get() const noexcept { return handle_; }
+    explicit operator bool() const noexcept { return handle_ != nullptr; }
+    /// Releases now (cases that test release order).
+    void reset() noexcept {
+        if (handle_ != nullptr) release_(device_, std::exchange(handle_, nullptr));
+    }
+
+private:
+    bp_device *device_ = nullptr;
+    T *handle_ = nullptr;
+    Release release_ = nullptr;
+};
+
+using Event = Owned<bp_event>;
+using Stream = Owned<bp_stream>;
+using Kernel = Owned<bp_kernel>;
+
+/// One page with its size and host address (when mapped).
+struct Page {
+    Owned<bp_memory> memory;
+    void *mapped = nullptr;
+    uint64_t size = 0;
+    bp_memory *get() const noexcept { return memory.get(); }
+};
+
+/// A kernel the suite ships in every dialect: y[i] = a * x[i] + y[i] for i < n.
+struct SaxpyScalars {
+    float a;
+    uint32_t n;
+};
+
+/// The device under test, opened through device_open and closed through device_close.
+class OpenDevice {
+public:
+    explicit OpenDevice(CaseContext &ctx);
+    ~OpenDevice();
+    OpenDevice(const OpenDevice &) = delete;
+    OpenDevice &operator=(const OpenDevice &) = delete;
+
+    bp_device *get() const noexcept { return device_; }
+    const bp_plugin_api &api() const noexcept { return ctx_.api(); }
+
+    /// Allocates a page of `kind`; fails the case when the plugin refuses.
+    Page allocate(bp_memory_kind kind, uint64_t size);
+    /// Allocates, or returns an empty Page when the plugin answers BP_ERROR_UNSUPPORTED for
+    /// this kind (any other failure fails the case).
+    Page allocateIfSupported(bp_memory_kind kind, uint64_t size);
+    Stream createStream();
+    /// stream_flush with an event (flags BP_FLUSH_*).
+    Event flush(const Stream &stream, uint32_t flags = 0);
+    /// Flushes and waits for everything recorded on `stream`.
+    void finish(const Stream &stream);
+    void wait(const Event &event);
+
+    void upload(const Stream &stream, const Page &page, uint64_t offset, const void *data,
+                uint64_t size);
+    void download(const Stream &stream, const Page &page, uint64_t offset, void *into,
+                  uint64_t size);
+    void fill(const Stream &stream, const Page &page, uint64_t offset, uint64_t size,
+              uint32_t pattern);
+    /// Uploads `bytes` into a fresh DEVICE page and waits.
+    Page pageWith(const Stream &stream, const std::vector<uint8_t> &bytes);
+    /// Reads a whole page back (waits).
+    std::vector<uint8_t> readAll(const Stream &stream, const Page &page);
+
+    /// Compiles and loads saxpy in `dialect` (which the device must accept).
+    Kernel saxpy(bp_dialect dialect);
+    /// saxpy in the first dialect the device accepts that the suite has a kernel for;
+    /// NotApplicable when there is none.
+    Kernel saxpy();
+    /// The dialect saxpy() uses.
+    bp_dialect saxpyDialect() const;
+    /// Records saxpy over n floats (x, y bound at the given offsets) with block size `block`.
+    bp_status launchSaxpy(const Stream &stream, const Kernel &kernel, const Page &x, const Page &y,
+                          float a, uint32_t n, bp_error &error, uint64_t xOffset = 0,
+                          uint32_t block = 64);
+
+private:
+    CaseContext &ctx_;
+    bp_device *device_ = nullptr;
+};
+
+/// Floats as bytes and back.
+std::vector<uint8_t> floatBytes(const std::vector<float> &values);
+std::vector<float> bytesToFloats(const std::vector<uint8_t> &bytes);
+/// Deterministic bytes: byte i is a function of i and `seed`.
+std::vector<uint8_t> patternBytes(size_t size, uint32_t seed);
+
+/// Source of saxpy in `dialect` (text or, for HOST, a bp_host_kernel_source), its entry point.
+struct KernelText {
+    const void *source = nullptr;
+    size_t size = 0;
+    const char *entry = "";
+};
+KernelText saxpySource(bp_dialect dialect);
+
+/// Compiles `source`: returns the status; `binary` and `log` receive the sinks' output.
+bp_status compileKernel(const OpenDevice &device, bp_dialect dialect, const KernelText &source,
+                        std::vector<uint8_t> &binary, std::string &log, bp_error &error);
+
+} // namespace backplane::conformance
