@@ -237,21 +237,7 @@ public:
 
     /// Correct arguments for the whole array; the result points into this object.
     bp_launch_args args(uint64_t xOffset = 0) {
-        bindings_[0] = {x.get(), xOffset, uint64_t{n} * sizeof(float)};
-        bindings_[1] = {y.get(), 0, uint64_t{n} * sizeof(float)};
-        scalars_ = {kA, n};
-        bp_launch_args a{};
-        a.struct_size = sizeof(a);
-        a.kernel = kernel.get();
-        a.grid[0] = (n + block - 1) / block;
-        a.grid[1] = a.grid[2] = 1;
-        a.block[0] = block;
-        a.block[1] = a.block[2] = 1;
-        a.bindings = bindings_;
-        a.binding_count = 2;
-        a.scalars = &scalars_;
-        a.scalar_size = sizeof(scalars_);
-        return a;
+        return saxpyArgs(kernel, x, y, kA, n, block, xOffset, bindings_, scalars_);
     }
 
     bp_status launch(const bp_launch_args &a, bp_error &error) {

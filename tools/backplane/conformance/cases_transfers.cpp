@@ -7,51 +7,6 @@
 namespace backplane::conformance {
 namespace {
 
-bp_status h2d(OpenDevice &d, const Stream &s, const Page &p, uint64_t offset, const void *src,
-              uint64_t size, bp_error &error) {
-    bp_copy_host_to_device_args a{};
-    a.struct_size = sizeof(a);
-    a.src = src;
-    a.dst = p.get();
-    a.dst_offset = offset;
-    a.size = size;
-    return d.api().copy_host_to_device(d.get(), s.get(), &a, &error);
-}
-
-bp_status d2h(OpenDevice &d, const Stream &s, const Page &p, uint64_t offset, void *dst,
-              uint64_t size, bp_error &error) {
-    bp_copy_device_to_host_args a{};
-    a.struct_size = sizeof(a);
-    a.src = p.get();
-    a.src_offset = offset;
-    a.dst = dst;
-    a.size = size;
-    return d.api().copy_device_to_host(d.get(), s.get(), &a, &error);
-}
-
-bp_status d2d(OpenDevice &d, const Stream &s, const Page &src, uint64_t srcOffset, const Page &dst,
-              uint64_t dstOffset, uint64_t size, bp_error &error) {
-    bp_copy_device_to_device_args a{};
-    a.struct_size = sizeof(a);
-    a.src = src.get();
-    a.src_offset = srcOffset;
-    a.dst = dst.get();
-    a.dst_offset = dstOffset;
-    a.size = size;
-    return d.api().copy_device_to_device(d.get(), s.get(), &a, &error);
-}
-
-bp_status fillRaw(OpenDevice &d, const Stream &s, const Page &p, uint64_t offset, uint64_t size,
-                  uint32_t pattern, bp_error &error) {
-    bp_fill_args a{};
-    a.struct_size = sizeof(a);
-    a.dst = p.get();
-    a.offset = offset;
-    a.size = size;
-    a.pattern = pattern;
-    return d.api().fill(d.get(), s.get(), &a, &error);
-}
-
 /// Ranges every transfer must refuse on a page of `size` bytes: past the end, and offsets
 /// whose sum with the size overflows 64 bits.
 struct BadRange {
@@ -136,16 +91,16 @@ CONFORMANCE_CASE("transfer.zero_size",
     uint8_t host[4] = {1, 2, 3, 4};
     for (const uint64_t offset : {0ull, 4096ull}) {
         bp_error error = makeError();
-        succeed(h2d(device, stream, page, offset, host, 0, error), error,
+        succeed(device.tryUpload(stream, page, offset, host, 0, error), error,
                 "copy_host_to_device of 0 bytes at " + std::to_string(offset));
         error = makeError();
-        succeed(d2h(device, stream, page, offset, host, 0, error), error,
+        succeed(device.tryDownload(stream, page, offset, host, 0, error), error,
                 "copy_device_to_host of 0 bytes at " + std::to_string(offset));
         error = makeError();
-        succeed(d2d(device, stream, page, offset, other, offset, 0, error), error,
+        succeed(device.tryCopy(stream, page, offset, other, offset, 0, error), error,
                 "copy_device_to_device of 0 bytes at " + std::to_string(offset));
         error = makeError();
-        succeed(fillRaw(device, stream, page, offset, 0, 0xffffffffu, error), error,
+        succeed(device.tryFill(stream, page, offset, 0, 0xffffffffu, error), error,
                 "fill of 0 bytes at " + std::to_string(offset));
     }
     require(host[0] == 1 && host[3] == 4, "a 0-byte download wrote host memory");
@@ -163,17 +118,17 @@ CONFORMANCE_CASE("transfer.out_of_range",
         const bool small = r.size <= host.size();
         bp_error error = makeError();
         if (small) {
-            expectFailure(h2d(device, stream, page, r.offset, host.data(), r.size, error), error,
+            expectFailure(device.tryUpload(stream, page, r.offset, host.data(), r.size, error), error,
                           {BP_ERROR_INVALID_ARGUMENT}, "copy_host_to_device(" + range(r) + ")");
             error = makeError();
-            expectFailure(d2h(device, stream, page, r.offset, host.data(), r.size, error), error,
+            expectFailure(device.tryDownload(stream, page, r.offset, host.data(), r.size, error), error,
                           {BP_ERROR_INVALID_ARGUMENT}, "copy_device_to_host(" + range(r) + ")");
             error = makeError();
         }
-        expectFailure(d2d(device, stream, page, r.offset, other, 0, r.size, error), error,
+        expectFailure(device.tryCopy(stream, page, r.offset, other, 0, r.size, error), error,
                       {BP_ERROR_INVALID_ARGUMENT}, "copy_device_to_device(src " + range(r) + ")");
         error = makeError();
-        expectFailure(d2d(device, stream, page, 0, other, r.offset, r.size, error), error,
+        expectFailure(device.tryCopy(stream, page, 0, other, r.offset, r.size, error), error,
                       {BP_ERROR_INVALID_ARGUMENT}, "copy_device_to_device(dst " + range(r) + ")");
     }
     unchanged(device, stream, page, data, "out-of-range copy");
@@ -186,14 +141,14 @@ CONFORMANCE_CASE("transfer.null_pointers",
     Stream stream = device.createStream();
     Page page = device.allocate(BP_MEMORY_DEVICE, 4096);
     bp_error error = makeError();
-    expectFailure(h2d(device, stream, page, 0, nullptr, 16, error), error, {BP_ERROR_INVALID_ARGUMENT},
+    expectFailure(device.tryUpload(stream, page, 0, nullptr, 16, error), error, {BP_ERROR_INVALID_ARGUMENT},
                   "copy_host_to_device(src NULL)");
     error = makeError();
-    expectFailure(d2h(device, stream, page, 0, nullptr, 16, error), error, {BP_ERROR_INVALID_ARGUMENT},
+    expectFailure(device.tryDownload(stream, page, 0, nullptr, 16, error), error, {BP_ERROR_INVALID_ARGUMENT},
                   "copy_device_to_host(dst NULL)");
     error = makeError();
     uint8_t host[16] = {};
-    expectFailure(h2d(device, stream, Page{}, 0, host, 16, error), error, {BP_ERROR_INVALID_ARGUMENT},
+    expectFailure(device.tryUpload(stream, Page{}, 0, host, 16, error), error, {BP_ERROR_INVALID_ARGUMENT},
                   "copy_host_to_device(dst page NULL)");
     error = makeError();
     expectFailure(device.api().copy_host_to_device(device.get(), stream.get(), nullptr, &error), error,
@@ -202,7 +157,7 @@ CONFORMANCE_CASE("transfer.null_pointers",
     expectFailure(device.api().fill(device.get(), stream.get(), nullptr, &error), error,
                   {BP_ERROR_INVALID_ARGUMENT}, "fill(args NULL)");
     error = makeError();
-    expectFailure(fillRaw(device, Stream{}, page, 0, 16, 0, error), error, {BP_ERROR_INVALID_ARGUMENT},
+    expectFailure(device.tryFill(Stream{}, page, 0, 16, 0, error), error, {BP_ERROR_INVALID_ARGUMENT},
                   "fill(stream NULL)");
 }
 
@@ -214,10 +169,10 @@ CONFORMANCE_CASE("transfer.device_to_device",
     std::vector<uint8_t> b = patternBytes(65536, 22);
     Page pa = device.pageWith(stream, a), pb = device.pageWith(stream, b);
     bp_error error = makeError();
-    succeed(d2d(device, stream, pa, 100, pb, 3, 30000, error), error, "copy_device_to_device(a+100 -> b+3)");
+    succeed(device.tryCopy(stream, pa, 100, pb, 3, 30000, error), error, "copy_device_to_device(a+100 -> b+3)");
     std::memcpy(b.data() + 3, a.data() + 100, 30000);
     error = makeError();
-    succeed(d2d(device, stream, pb, 0, pb, 40000, 20000, error), error,
+    succeed(device.tryCopy(stream, pb, 0, pb, 40000, 20000, error), error,
             "copy_device_to_device within one page (0 -> 40000)");
     std::memcpy(b.data() + 40000, b.data(), 20000);
     require(device.readAll(stream, pb) == b, "device-to-device copies produced the wrong bytes");
@@ -233,7 +188,7 @@ CONFORMANCE_CASE("transfer.stream_order",
     device.upload(stream, a, 0, data.data(), data.size());
     device.fill(stream, a, 4096, 4096, 0x77777777u);
     bp_error error = makeError();
-    succeed(d2d(device, stream, a, 0, b, 0, 1 << 20, error), error, "copy_device_to_device");
+    succeed(device.tryCopy(stream, a, 0, b, 0, 1 << 20, error), error, "copy_device_to_device");
     device.fill(stream, a, 0, 1 << 20, 0);
     std::vector<uint8_t> back(1 << 20);
     device.download(stream, b, 0, back.data(), back.size());
@@ -281,7 +236,7 @@ CONFORMANCE_CASE("fill.unaligned_rejected",
     Page page = device.pageWith(stream, data);
     for (const auto &[offset, size] : {std::pair<uint64_t, uint64_t>{2, 8}, {0, 6}, {1, 1}}) {
         bp_error error = makeError();
-        expectFailure(fillRaw(device, stream, page, offset, size, 0, error), error,
+        expectFailure(device.tryFill(stream, page, offset, size, 0, error), error,
                       {BP_ERROR_INVALID_ARGUMENT},
                       "fill(offset " + std::to_string(offset) + ", size " + std::to_string(size) + ")");
     }
@@ -296,7 +251,7 @@ CONFORMANCE_CASE("fill.out_of_range",
     Page page = device.pageWith(stream, data);
     for (const BadRange &r : badRanges(4096)) {
         bp_error error = makeError();
-        expectFailure(fillRaw(device, stream, page, r.offset & ~3ull, r.size & ~3ull, 0, error), error,
+        expectFailure(device.tryFill(stream, page, r.offset & ~3ull, r.size & ~3ull, 0, error), error,
                       {BP_ERROR_INVALID_ARGUMENT}, "fill(" + range(r) + ")");
     }
     unchanged(device, stream, page, data, "out-of-range fill");
@@ -368,8 +323,13 @@ CONFORMANCE_CASE("peer.copy",
     Stream peerStream(other, peerStreamRaw, device.api().stream_destroy);
     const auto data = patternBytes(65536, 60);
     error = makeError();
-    succeed(h2d(device, peerStream, src, 0, data.data(), data.size(), error), error,
-            "upload on the peer");
+    bp_copy_host_to_device_args upload{};
+    upload.struct_size = sizeof(upload);
+    upload.src = data.data();
+    upload.dst = src.get();
+    upload.size = data.size();
+    succeed(device.api().copy_host_to_device(other, peerStream.get(), &upload, &error), error,
+            "upload on the peer"); // the peer's device, stream and page
     bp_event *ready = nullptr;
     error = makeError();
     succeed(device.api().stream_flush(other, peerStream.get(), nullptr, &ready, &error), error,

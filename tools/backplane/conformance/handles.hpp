@@ -84,6 +84,17 @@ public:
     void finish(const Stream &stream);
     void wait(const Event &event);
 
+    /// The transfers as the plugin answers them (for cases that expect a refusal).
+    bp_status tryUpload(const Stream &stream, const Page &page, uint64_t offset, const void *data,
+                        uint64_t size, bp_error &error);
+    bp_status tryDownload(const Stream &stream, const Page &page, uint64_t offset, void *into,
+                          uint64_t size, bp_error &error);
+    bp_status tryCopy(const Stream &stream, const Page &src, uint64_t srcOffset, const Page &dst,
+                      uint64_t dstOffset, uint64_t size, bp_error &error);
+    bp_status tryFill(const Stream &stream, const Page &page, uint64_t offset, uint64_t size,
+                      uint32_t pattern, bp_error &error);
+
+    /// The same, failing the case when the plugin refuses.
     void upload(const Stream &stream, const Page &page, uint64_t offset, const void *data,
                 uint64_t size);
     void download(const Stream &stream, const Page &page, uint64_t offset, void *into,
@@ -111,6 +122,12 @@ private:
     CaseContext &ctx_;
     bp_device *device_ = nullptr;
 };
+
+/// Launch arguments of saxpy over n floats (x bound at xOffset, y at 0, block `block`);
+/// `bindings` and `scalars` are the storage the result points into.
+bp_launch_args saxpyArgs(const Kernel &kernel, const Page &x, const Page &y, float a, uint32_t n,
+                         uint32_t block, uint64_t xOffset, bp_binding (&bindings)[2],
+                         SaxpyScalars &scalars);
 
 /// Floats as bytes and back.
 std::vector<uint8_t> floatBytes(const std::vector<float> &values);

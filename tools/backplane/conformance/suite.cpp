@@ -124,45 +124,75 @@ void OpenDevice::wait(const Event &event) {
 
 void OpenDevice::finish(const Stream &stream) { wait(flush(stream)); }
 
-void OpenDevice::upload(const Stream &stream, const Page &page, uint64_t offset, const void *data,
-                        uint64_t size) {
+bp_status OpenDevice::tryUpload(const Stream &stream, const Page &page, uint64_t offset,
+                                const void *data, uint64_t size, bp_error &error) {
     bp_copy_host_to_device_args args{};
     args.struct_size = sizeof(args);
     args.src = data;
     args.dst = page.get();
     args.dst_offset = offset;
     args.size = size;
-    bp_error error = makeError();
-    succeed(api().copy_host_to_device(device_, stream.get(), &args, &error), error,
-            "copy_host_to_device(offset " + std::to_string(offset) + ", " + std::to_string(size) +
-                " bytes)");
+    return api().copy_host_to_device(device_, stream.get(), &args, &error);
 }
 
-void OpenDevice::download(const Stream &stream, const Page &page, uint64_t offset, void *into,
-                          uint64_t size) {
+bp_status OpenDevice::tryDownload(const Stream &stream, const Page &page, uint64_t offset,
+                                  void *into, uint64_t size, bp_error &error) {
     bp_copy_device_to_host_args args{};
     args.struct_size = sizeof(args);
     args.src = page.get();
     args.src_offset = offset;
     args.dst = into;
     args.size = size;
-    bp_error error = makeError();
-    succeed(api().copy_device_to_host(device_, stream.get(), &args, &error), error,
-            "copy_device_to_host(offset " + std::to_string(offset) + ", " + std::to_string(size) +
-                " bytes)");
+    return api().copy_device_to_host(device_, stream.get(), &args, &error);
 }
 
-void OpenDevice::fill(const Stream &stream, const Page &page, uint64_t offset, uint64_t size,
-                      uint32_t pattern) {
+bp_status OpenDevice::tryCopy(const Stream &stream, const Page &src, uint64_t srcOffset,
+                              const Page &dst, uint64_t dstOffset, uint64_t size, bp_error &error) {
+    bp_copy_device_to_device_args args{};
+    args.struct_size = sizeof(args);
+    args.src = src.get();
+    args.src_offset = srcOffset;
+    args.dst = dst.get();
+    args.dst_offset = dstOffset;
+    args.size = size;
+    return api().copy_device_to_device(device_, stream.get(), &args, &error);
+}
+
+bp_status OpenDevice::tryFill(const Stream &stream, const Page &page, uint64_t offset,
+                              uint64_t size, uint32_t pattern, bp_error &error) {
     bp_fill_args args{};
     args.struct_size = sizeof(args);
     args.dst = page.get();
     args.offset = offset;
     args.size = size;
     args.pattern = pattern;
+    return api().fill(device_, stream.get(), &args, &error);
+}
+
+namespace {
+std::string range(uint64_t offset, uint64_t size) {
+    return "(offset " + std::to_string(offset) + ", " + std::to_string(size) + " bytes)";
+}
+} // namespace
+
+void OpenDevice::upload(const Stream &stream, const Page &page, uint64_t offset, const void *data,
+                        uint64_t size) {
     bp_error error = makeError();
-    succeed(api().fill(device_, stream.get(), &args, &error), error,
-            "fill(offset " + std::to_string(offset) + ", " + std::to_string(size) + " bytes)");
+    succeed(tryUpload(stream, page, offset, data, size, error), error,
+            "copy_host_to_device" + range(offset, size));
+}
+
+void OpenDevice::download(const Stream &stream, const Page &page, uint64_t offset, void *into,
+                          uint64_t size) {
+    bp_error error = makeError();
+    succeed(tryDownload(stream, page, offset, into, size, error), error,
+            "copy_device_to_host" + range(offset, size));
+}
+
+void OpenDevice::fill(const Stream &stream, const Page &page, uint64_t offset, uint64_t size,
+                      uint32_t pattern) {
+    bp_error error = makeError();
+    succeed(tryFill(stream, page, offset, size, pattern, error), error, "fill" + range(offset, size));
 }
 
 Page OpenDevice::pageWith(const Stream &stream, const std::vector<uint8_t> &bytes) {
@@ -234,12 +264,12 @@ bp_dialect OpenDevice::saxpyDialect() const {
 
 Kernel OpenDevice::saxpy() { return saxpy(saxpyDialect()); }
 
-bp_status OpenDevice::launchSaxpy(const Stream &stream, const Kernel &kernel, const Page &x,
-                                  const Page &y, float a, uint32_t n, bp_error &error,
-                                  uint64_t xOffset, uint32_t block) {
-    const bp_binding bindings[2] = {{x.get(), xOffset, uint64_t{n} * sizeof(float)},
-                                    {y.get(), 0, uint64_t{n} * sizeof(float)}};
-    const SaxpyScalars scalars{a, n};
+bp_launch_args saxpyArgs(const Kernel &kernel, const Page &x, const Page &y, float a, uint32_t n,
+                         uint32_t block, uint64_t xOffset, bp_binding (&bindings)[2],
+                         SaxpyScalars &scalars) {
+    bindings[0] = {x.get(), xOffset, uint64_t{n} * sizeof(float)};
+    bindings[1] = {y.get(), 0, uint64_t{n} * sizeof(float)};
+    scalars = {a, n};
     bp_launch_args args{};
     args.struct_size = sizeof(args);
     args.kernel = kernel.get();
@@ -251,6 +281,15 @@ bp_status OpenDevice::launchSaxpy(const Stream &stream, const Kernel &kernel, co
     args.binding_count = 2;
     args.scalars = &scalars;
     args.scalar_size = sizeof(scalars);
+    return args;
+}
+
+bp_status OpenDevice::launchSaxpy(const Stream &stream, const Kernel &kernel, const Page &x,
+                                  const Page &y, float a, uint32_t n, bp_error &error,
+                                  uint64_t xOffset, uint32_t block) {
+    bp_binding bindings[2];
+    SaxpyScalars scalars;
+    const bp_launch_args args = saxpyArgs(kernel, x, y, a, n, block, xOffset, bindings, scalars);
     return api().kernel_launch(device_, stream.get(), &args, &error);
 }
 
