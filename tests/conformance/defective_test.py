@@ -11,16 +11,17 @@ import subprocess
 import sys
 
 PLANTED = {
-    "info.strings": ("failed", "vendor"),
-    "device.open_unknown_flags": ("failed", "flags"),
-    "fill.unaligned_rejected": ("failed", "success"),
-    "transfer.zero_size": ("crashed", "SIGSEGV"),
-    "native.unknown_kind": ("timed_out", "did not finish"),
+    "info.strings": ("failed", ("vendor",)),
+    "device.open_unknown_flags": ("failed", ("flags",)),
+    "fill.unaligned_rejected": ("failed", ("success",)),
+    # Under ASan the SIGSEGV is caught and the worker exits 1: a crash all the same.
+    "transfer.zero_size": ("crashed", ("SIGSEGV", "exited with status 1")),
+    "native.unknown_kind": ("timed_out", ("did not finish",)),
 }
 
 
 def run(tool, manifest):
-    proc = subprocess.run([tool, "conformance", "--plugin", manifest, "--json", "--timeout", "5"],
+    proc = subprocess.run([tool, "conformance", "--plugin", manifest, "--json", "--timeout", "20"],
                           capture_output=True, text=True, timeout=600)
     try:
         report = json.loads(proc.stdout)["runs"][0]
@@ -49,7 +50,7 @@ def main():
         got = results.get(name)
         if got is None:
             continue
-        if got["result"] != result or words not in got["reason"]:
+        if got["result"] != result or not any(w in got["reason"] for w in words):
             problems.append(f"{name}: {got['result']} ({got['reason']!r}), expected {result} "
                             f"with {words!r} in the reason")
     others = [n for n, c in results.items()

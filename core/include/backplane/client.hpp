@@ -205,7 +205,7 @@ public:
         checkWholeElements(buffer.size(), sizeof(T));
         const std::vector<std::byte> bytes = read(buffer).wait();
         std::vector<T> out(bytes.size() / sizeof(T));
-        std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+        if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
         return out;
     }
     /// Device-side copy of `size` bytes. `src` and `dst` may be the same buffer when the ranges
