@@ -21,8 +21,8 @@ if [ "${1:-}" = build ]; then
     exit 0
 fi
 mode=${1:-}
-[ "$mode" = run ] || [ "$mode" = conformance ] ||
-    { echo "usage: tools/gpu-check.sh build|run|conformance" >&2; exit 2; }
+[ "$mode" = run ] || [ "$mode" = conformance ] || [ "$mode" = tests ] ||
+    { echo "usage: tools/gpu-check.sh build|run|conformance|tests" >&2; exit 2; }
 
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -41,6 +41,12 @@ sanitizer=/usr/local/cuda/bin/compute-sanitizer
 sanitizer_args=(--tool memcheck --report-api-errors no --error-exitcode 9)
 
 nvidia-smi -L
+# `tests`: only the GPU plugins' test suites (CUDA, Vulkan on the NVIDIA driver, conformance).
+if [ "$mode" = tests ]; then
+    python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
+        --suite cuda --suite vulkan --suite conformance | tee "$OUT/tests.txt"
+    exit 0
+fi
 # `conformance`: only the plugin conformance suite on CUDA and Vulkan (docs/conformance.md), as
 # tables and JSON; the tables go to docs/measurements/.
 if [ "$mode" = conformance ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs the tests listed by `meson introspect --tests` where meson itself is not usable
 (the GPU machine): each with its env, workdir and timeout; exit 77 counts as SKIP."""
-import json, os, subprocess, sys, time
+import json, os, shutil, subprocess, sys, time
 
 def main():
     tests_json, log_path = sys.argv[1], sys.argv[2]
@@ -17,11 +17,18 @@ def main():
             env = dict(os.environ)
             env.update(t.get("env", {}))
             start = time.time()
+            cmd = list(t["cmd"])
+            # An interpreter found at configure time on the build machine (a pyenv shim) may not
+            # exist here: take this machine's one of the same name.
+            if not os.path.exists(cmd[0]) and shutil.which(os.path.basename(cmd[0])):
+                cmd[0] = shutil.which(os.path.basename(cmd[0]))
             try:
-                p = subprocess.run(t["cmd"], env=env, cwd=t.get("workdir") or build_dir,
+                p = subprocess.run(cmd, env=env, cwd=t.get("workdir") or build_dir,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    timeout=(t.get("timeout") or 300) * 2)
                 rc, out = p.returncode, p.stdout.decode(errors="replace")
+            except OSError as e:
+                rc, out = "not_started", str(e)
             except subprocess.TimeoutExpired as e:
                 rc, out = "timeout", (e.stdout or b"").decode(errors="replace")
             state = "OK" if rc == 0 else "SKIP" if rc == 77 else "FAIL"

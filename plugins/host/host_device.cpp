@@ -23,23 +23,6 @@ constexpr uint64_t kPageAlignment = 256;
     throw sdk::Error(BP_ERROR_LAUNCH, message);
 }
 
-std::string dialectName(const bp_dialect &field) {
-    const auto dialect = sdk::rawValue(field);
-    switch (dialect) {
-    case BP_DIALECT_CUDA:
-        return "cuda";
-    case BP_DIALECT_HIP:
-        return "hip";
-    case BP_DIALECT_GLSL:
-        return "glsl";
-    case BP_DIALECT_SPIRV:
-        return "spirv";
-    case BP_DIALECT_HOST:
-        return "host";
-    }
-    return "unknown dialect " + std::to_string(dialect);
-}
-
 std::string dims(const uint32_t (&d)[3]) {
     return "(" + std::to_string(d[0]) + ", " + std::to_string(d[1]) + ", " + std::to_string(d[2]) +
            ")";
@@ -311,7 +294,7 @@ void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput 
                          "kernel_compile of '" + entry +
                              "': the host plugin runs only the host "
                              "dialect (native functions), not " +
-                             dialectName(args.dialect) +
+                             sdk::dialectName(args.dialect) +
                              "; give the kernel a host variant or use a GPU plugin");
     const bp_host_kernel_source source =
         readHostSource(args.source, args.source_size, "kernel_compile of '" + entry + "'");
@@ -329,7 +312,7 @@ std::unique_ptr<sdk::Kernel> HostDevice::load(const bp_kernel_load_args &args) {
     if (sdk::rawValue(args.dialect) != BP_DIALECT_HOST)
         throw sdk::Error(sdk::refusedDialectStatus(args.dialect), "kernel_load of '" + entry +
                                                    "': the host plugin cannot load a " +
-                                                   dialectName(args.dialect) + " blob");
+                                                   sdk::dialectName(args.dialect) + " blob");
     const bp_host_kernel_source source =
         readHostSource(args.binary, args.binary_size, "kernel_load of '" + entry + "'");
     return std::make_unique<HostKernel>(source.function, entry);

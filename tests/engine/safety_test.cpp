@@ -1350,7 +1350,7 @@ TEST_CASE("an indirect launch whose grid offset runs past the grid buffer is rej
 
 // 11. A tensor's byte size is a product of its shape: one that does not fit 64 bits must fail,
 // never wrap to a small buffer that the shape and strides overrun.
-TEST_CASE("emptyTensor rejects a shape whose byte size overflows 64 bits") {
+TEST_CASE("emptyTensor rejects a shape whose byte size overflows 64 bits, and a zero element size") {
     ComputeClient client = openHost(kAsync);
     StreamGuard onA(kA);
     struct Case {
@@ -1363,6 +1363,8 @@ TEST_CASE("emptyTensor rejects a shape whose byte size overflows 64 bits") {
         {{1ull << 21, 1ull << 21, 1ull << 22}, 1, TensorLayout::Optimized},
         {{1ull << 62}, 8, TensorLayout::Contiguous},
         {{2, 1ull << 63}, 2, TensorLayout::Optimized}, // the row pitch itself wraps
+        {{4, 4}, 0, TensorLayout::Optimized},          // no element size: divided by zero (SIGFPE)
+        {{4, 4}, 0, TensorLayout::Contiguous},
     };
     for (const Case &c : cases) {
         CAPTURE(c.shape.front());

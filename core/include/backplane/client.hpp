@@ -153,7 +153,8 @@ public:
     /// bind), as is nativeHandle(Memory) of it.
     Buffer empty(uint64_t size);
     /// Allocates a tensor. Optimized pads rows (the last dimension) to the pitch alignment and
-    /// returns the strides to use.
+    /// returns the strides to use. elementSize 0, or a shape whose bytes overflow 64 bits, is
+    /// Error(InvalidArgument).
     Tensor emptyTensor(std::span<const uint64_t> shape, uint64_t elementSize,
                        TensorLayout layout = TensorLayout::Contiguous);
     /// Sets how later allocations are served (see AllocationMode).

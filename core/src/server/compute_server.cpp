@@ -294,6 +294,8 @@ Buffer ComputeServer::create(StreamId stream, const void *data, uint64_t size) {
 
 Tensor ComputeServer::emptyTensor(StreamId stream, std::span<const uint64_t> shape,
                                   uint64_t elementSize, TensorLayout layout) {
+    if (elementSize == 0)
+        throw Error(ErrorCode::InvalidArgument, "emptyTensor: elementSize must be > 0");
     Tensor t;
     t.shape.assign(shape.begin(), shape.end());
     t.elementSize = elementSize;
@@ -303,7 +305,7 @@ Tensor ComputeServer::emptyTensor(StreamId stream, std::span<const uint64_t> sha
         return t;
     }
     uint64_t rowElements = shape.back();
-    if (elementSize != 0 && rowElements > UINT64_MAX / elementSize / 2)
+    if (rowElements > UINT64_MAX / elementSize / 2)
         throw Error(ErrorCode::InvalidArgument,
                     "emptyTensor: the shape's size in bytes does not fit in 64 bits");
     if (layout == TensorLayout::Optimized && shape.size() >= 2) {

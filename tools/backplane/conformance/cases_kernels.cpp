@@ -3,6 +3,8 @@
 // paths (a rejected launch returns a status, runs nothing and leaves the stream usable).
 #include "handles.hpp"
 
+#include <backplane/abi/plugin_sdk.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,37 +15,15 @@
 namespace backplane::conformance {
 namespace {
 
+
 constexpr uint32_t kSpirvMagic = 0x07230203u;
 constexpr bp_dialect kAllDialects[] = {BP_DIALECT_CUDA, BP_DIALECT_HIP, BP_DIALECT_GLSL,
                                        BP_DIALECT_SPIRV, BP_DIALECT_HOST};
-
-std::string dialectName(bp_dialect dialect) {
-    switch (static_cast<uint32_t>(dialect)) {
-    case BP_DIALECT_CUDA:
-        return "cuda";
-    case BP_DIALECT_HIP:
-        return "hip";
-    case BP_DIALECT_GLSL:
-        return "glsl";
-    case BP_DIALECT_SPIRV:
-        return "spirv";
-    case BP_DIALECT_HOST:
-        return "host";
-    default:
-        return "dialect " + std::to_string(static_cast<uint32_t>(dialect));
-    }
-}
 
 std::string dims(const uint32_t v[3]) {
     return std::to_string(v[0]) + "x" + std::to_string(v[1]) + "x" + std::to_string(v[2]);
 }
 
-/// Writes an integer into an enum field without converting it to the enum type (an out-of-range
-/// enum value is undefined behaviour in C++; a C caller passes exactly these bytes).
-template <class Enum> void setRaw(Enum &field, uint32_t value) {
-    static_assert(sizeof(Enum) == sizeof(uint32_t));
-    std::memcpy(&field, &value, sizeof value);
-}
 
 /// The dialects the device declares, in enum order.
 std::vector<bp_dialect> declaredDialects(const CaseContext &ctx) {
@@ -96,10 +76,10 @@ std::vector<uint8_t> compileOrFail(const OpenDevice &device, bp_dialect dialect,
     const bp_status status = compileKernel(device, dialect, text, binary, log, error);
     if (status != BP_SUCCESS)
         succeed(status, error,
-                "kernel_compile('" + std::string(text.entry) + "', " + dialectName(dialect) + ")" +
+                "kernel_compile('" + std::string(text.entry) + "', " + sdk::dialectName(dialect) + ")" +
                     (log.empty() ? "" : " log: " + fieldText(log.data(), std::min<size_t>(log.size(), 2000))));
     require(!binary.empty(), "kernel_compile('" + std::string(text.entry) + "', " +
-                                 dialectName(dialect) + ") succeeded but wrote no binary");
+                                 sdk::dialectName(dialect) + ") succeeded but wrote no binary");
     return binary;
 }
 
@@ -146,7 +126,7 @@ Kernel compileAndLoad(CaseContext &ctx, bp_dialect dialect, const KernelText &te
     Kernel kernel;
     bp_error error = makeError();
     succeed(load(device, dialect, text.entry, blob.data(), blob.size(), kernel, error), error,
-            "kernel_load('" + std::string(text.entry) + "', " + dialectName(dialect) + ", " +
+            "kernel_load('" + std::string(text.entry) + "', " + sdk::dialectName(dialect) + ", " +
                 std::to_string(blob.size()) + "-byte blob from kernel_compile)");
     require(kernel.get() != nullptr, "kernel_load succeeded but returned a NULL kernel");
     return kernel;
@@ -301,9 +281,9 @@ public:
 /// One case per dialect: compile, load and launch saxpy, check every element.
 void saxpyCase(CaseContext &ctx, bp_dialect dialect) {
     if (!ctx.accepts(dialect))
-        throw NotApplicable("the device does not declare the " + dialectName(dialect) + " dialect");
+        throw NotApplicable("the device does not declare the " + sdk::dialectName(dialect) + " dialect");
     SaxpyRun run(ctx, dialect, 100003);
-    run.runAndCheck(run.args(), "kernel_launch(saxpy in " + dialectName(dialect) + ", " +
+    run.runAndCheck(run.args(), "kernel_launch(saxpy in " + sdk::dialectName(dialect) + ", " +
                                     std::to_string(run.n) + " elements)");
 }
 
@@ -374,7 +354,7 @@ CONFORMANCE_CASE("kernel.compile_error_log", "A source with a syntax error fails
         std::vector<uint8_t> binary;
         std::string log;
         bp_error error = makeError();
-        const std::string what = "kernel_compile of a " + dialectName(d) + " syntax error";
+        const std::string what = "kernel_compile of a " + sdk::dialectName(d) + " syntax error";
         expectFailure(compileKernel(ctx.device(), d, brokenSource(d), binary, log, error), error,
                       {BP_ERROR_COMPILE}, what);
         require(!log.empty(), what + " failed as it should but wrote nothing to the log sink "
@@ -391,15 +371,15 @@ CONFORMANCE_CASE("kernel.compile_null_log_sink", "Compiling with a log sink whos
         std::vector<uint8_t> binary;
         bp_error error = makeError();
         succeed(compile(ctx.device(), d, source.text, binary, nullptr, error), error,
-                "kernel_compile(saxpy, " + dialectName(d) + ") with log.write NULL");
-        require(!binary.empty(), "kernel_compile(saxpy, " + dialectName(d) +
+                "kernel_compile(saxpy, " + sdk::dialectName(d) + ") with log.write NULL");
+        require(!binary.empty(), "kernel_compile(saxpy, " + sdk::dialectName(d) +
                                      ") with log.write NULL succeeded but wrote no binary");
         if (!isText(d)) continue;
         binary.clear();
         error = makeError();
         expectFailure(compile(ctx.device(), d, brokenSource(d), binary, nullptr, error), error,
                       {BP_ERROR_COMPILE},
-                      "kernel_compile of a " + dialectName(d) +
+                      "kernel_compile of a " + sdk::dialectName(d) +
                           " syntax error with log.write NULL");
     }
 }
@@ -474,12 +454,12 @@ CONFORMANCE_CASE("kernel.undeclared_dialect", "kernel_compile and kernel_load in
         bp_error error = makeError();
         expectFailure(compileKernel(ctx.device(), d, text, binary, log, error), error,
                       {BP_ERROR_UNSUPPORTED, BP_ERROR_COMPILE, BP_ERROR_INVALID_ARGUMENT},
-                      "kernel_compile in the undeclared dialect " + dialectName(d));
+                      "kernel_compile in the undeclared dialect " + sdk::dialectName(d));
         Kernel kernel;
         error = makeError();
         expectFailure(load(ctx.device(), d, text.entry, text.source, text.size, kernel, error),
                       error, {BP_ERROR_UNSUPPORTED, BP_ERROR_COMPILE, BP_ERROR_INVALID_ARGUMENT},
-                      "kernel_load in the undeclared dialect " + dialectName(d));
+                      "kernel_load in the undeclared dialect " + sdk::dialectName(d));
     }
     if (!any) throw NotApplicable("the device declares every dialect of the ABI");
 }
@@ -491,7 +471,7 @@ CONFORMANCE_CASE("kernel.unknown_dialect", "kernel_compile and kernel_load with 
     for (const uint32_t value : {5u, 77u, 0xffffffffu}) {
         bp_kernel_compile_args args{};
         args.struct_size = sizeof(args);
-        setRaw(args.dialect, value);
+        args.dialect = rawEnum<bp_dialect>(static_cast<int>(value));
         args.entry_point = "saxpy";
         args.source = text.source;
         args.source_size = text.size;
@@ -501,7 +481,7 @@ CONFORMANCE_CASE("kernel.unknown_dialect", "kernel_compile and kernel_load with 
                       "kernel_compile with dialect " + std::to_string(value));
         bp_kernel_load_args loadArgs{};
         loadArgs.struct_size = sizeof(loadArgs);
-        setRaw(loadArgs.dialect, value);
+        loadArgs.dialect = rawEnum<bp_dialect>(static_cast<int>(value));
         loadArgs.entry_point = "saxpy";
         loadArgs.binary = text.source;
         loadArgs.binary_size = text.size;
@@ -536,7 +516,7 @@ CONFORMANCE_CASE("kernel.load_garbage", "kernel_load of garbage, empty or NULL b
             bp_error error = makeError();
             expectFailure(load(ctx.device(), d, "saxpy", blob, size, kernel, error), error,
                           {BP_ERROR_INVALID_ARGUMENT, BP_ERROR_COMPILE},
-                          "kernel_load(" + dialectName(d) + ") of " +
+                          "kernel_load(" + sdk::dialectName(d) + ") of " +
                               (blob == nullptr ? "a NULL blob of " : "garbage of ") +
                               std::to_string(size) + " bytes");
         }
@@ -558,7 +538,7 @@ CONFORMANCE_CASE("kernel.load_truncated", "kernel_load of a blob from kernel_com
             expectFailure(
                 load(ctx.device(), d, source.text.entry, cut.data(), cut.size(), kernel, error),
                 error, {BP_ERROR_INVALID_ARGUMENT, BP_ERROR_COMPILE},
-                "kernel_load(" + dialectName(d) + ") of its " + std::to_string(blob.size()) +
+                "kernel_load(" + sdk::dialectName(d) + ") of its " + std::to_string(blob.size()) +
                     "-byte saxpy blob cut to " + std::to_string(size) + " bytes");
         }
     }
@@ -575,7 +555,7 @@ CONFORMANCE_CASE("kernel.missing_entry_point", "An entry point the source does n
         KernelText text = source.text;
         text.entry = "no_such_entry_point";
         expectCompileOrLoadFails(ctx, d, text, {BP_ERROR_NOT_FOUND, BP_ERROR_COMPILE},
-                                 "saxpy (" + dialectName(d) + ") as 'no_such_entry_point'");
+                                 "saxpy (" + sdk::dialectName(d) + ") as 'no_such_entry_point'");
     }
     // GLSL's entry point is always main (docs/plugin-abi.md); a host kernel is a function.
     if (!any)

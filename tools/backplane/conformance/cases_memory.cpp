@@ -21,6 +21,18 @@ bp_status tryAllocate(OpenDevice &device, uint32_t kind, uint64_t size, bp_memor
     return device.api().memory_allocate(device.get(), &args, out, mapped, &error);
 }
 
+/// A DEVICE allocation of `size` bytes must be refused with out_of_memory or invalid_argument
+/// (freed again if the plugin served it, so the case fails without leaking).
+void expectRefused(OpenDevice &device, uint64_t size, const std::string &what) {
+    bp_memory *memory = nullptr;
+    void *mapped = nullptr;
+    bp_error error = makeError();
+    const bp_status status = tryAllocate(device, BP_MEMORY_DEVICE, size, &memory, &mapped, error);
+    if (status == BP_SUCCESS) device.api().memory_free(device.get(), memory);
+    expectFailure(status, error, {BP_ERROR_OUT_OF_MEMORY, BP_ERROR_INVALID_ARGUMENT},
+                  "memory_allocate(" + what + ")");
+}
+
 /// After a refused allocation, the device must still serve a normal one.
 void stillAllocates(OpenDevice &device, const std::string &after) {
     bp_memory *memory = nullptr;
@@ -97,28 +109,15 @@ CONFORMANCE_CASE("memory.above_max_allocation",
                  "a page larger than max_allocation_bytes is refused with a status; the device still allocates") {
     OpenDevice &device = ctx.device();
     const uint64_t size = ctx.info().max_allocation_bytes + 1;
-    bp_memory *memory = nullptr;
-    void *mapped = nullptr;
-    bp_error error = makeError();
-    const bp_status status = tryAllocate(device, BP_MEMORY_DEVICE, size, &memory, &mapped, error);
-    if (status == BP_SUCCESS) device.api().memory_free(device.get(), memory);
-    expectFailure(status, error, {BP_ERROR_OUT_OF_MEMORY, BP_ERROR_INVALID_ARGUMENT},
-                  "memory_allocate(max_allocation_bytes + 1 = " + std::to_string(size) + ")");
+    expectRefused(device, size, "max_allocation_bytes + 1 = " + std::to_string(size));
     stillAllocates(device, "a refused oversized allocation");
 }
 
 CONFORMANCE_CASE("memory.out_of_memory",
                  "an allocation no device can serve fails with out_of_memory or invalid_argument, never a crash") {
     OpenDevice &device = ctx.device();
-    for (const uint64_t size : {uint64_t{1} << 62, UINT64_MAX}) {
-        bp_memory *memory = nullptr;
-        void *mapped = nullptr;
-        bp_error error = makeError();
-        const bp_status status = tryAllocate(device, BP_MEMORY_DEVICE, size, &memory, &mapped, error);
-        if (status == BP_SUCCESS) device.api().memory_free(device.get(), memory);
-        expectFailure(status, error, {BP_ERROR_OUT_OF_MEMORY, BP_ERROR_INVALID_ARGUMENT},
-                      "memory_allocate(" + std::to_string(size) + " bytes)");
-    }
+    for (const uint64_t size : {uint64_t{1} << 62, UINT64_MAX})
+        expectRefused(device, size, std::to_string(size) + " bytes");
     stillAllocates(device, "refused huge allocations");
 }
 

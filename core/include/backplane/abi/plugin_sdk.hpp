@@ -84,6 +84,18 @@ template <class Enum> uint32_t rawValue(const Enum &field) noexcept {
     return raw;
 }
 
+/// "cuda", "hip", "glsl", "spirv", "host", or "unknown dialect N" for a value that is no dialect.
+inline std::string dialectName(const bp_dialect &dialect) {
+    switch (const uint32_t value = rawValue(dialect)) {
+    case BP_DIALECT_CUDA: return "cuda";
+    case BP_DIALECT_HIP: return "hip";
+    case BP_DIALECT_GLSL: return "glsl";
+    case BP_DIALECT_SPIRV: return "spirv";
+    case BP_DIALECT_HOST: return "host";
+    default: return "unknown dialect " + std::to_string(value);
+    }
+}
+
 /// The status for refusing a kernel dialect: BP_ERROR_UNSUPPORTED for a dialect the ABI defines
 /// but this device does not take, BP_ERROR_INVALID_ARGUMENT for a value that is no dialect.
 inline bp_status refusedDialectStatus(const bp_dialect &dialect) noexcept {
