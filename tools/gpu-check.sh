@@ -21,8 +21,8 @@ if [ "${1:-}" = build ]; then
     exit 0
 fi
 mode=${1:-}
-[ "$mode" = run ] || [ "$mode" = conformance ] || [ "$mode" = tests ] ||
-    { echo "usage: tools/gpu-check.sh build|run|conformance|tests" >&2; exit 2; }
+[ "$mode" = run ] || [ "$mode" = conformance ] || [ "$mode" = tests ] || [ "$mode" = multidevice ] ||
+    { echo "usage: tools/gpu-check.sh build|run|conformance|tests|multidevice" >&2; exit 2; }
 
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -41,6 +41,42 @@ sanitizer=/usr/local/cuda/bin/compute-sanitizer
 sanitizer_args=(--tool memcheck --report-api-errors no --error-exitcode 9)
 
 nvidia-smi -L
+# `multidevice` (2 x H200 or more): the multidevice suite, NCCL in one process and in one process
+# per GPU (TCP and shared-directory rendezvous), the staged path, the multidevice bench rows.
+if [ "$mode" = multidevice ]; then
+    export NCCL_NVLS_ENABLE=0 # NVLink multicast must stay off on the shared hosts (DEVICE.md)
+    export BACKPLANE_NCCL_LIBRARY=${BACKPLANE_NCCL_LIBRARY:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2}
+    gpus=$(nvidia-smi -L | wc -l)
+    nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
+    $tool devices > "$OUT/devices.txt" 2>&1
+    sed -n '/^Collectives/,/^$/p' "$OUT/devices.txt" | tee "$OUT/summary.txt"
+    python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
+        --suite multidevice | tee -a "$OUT/summary.txt"
+    $tool conformance --plugin cuda --case collectives --case peer > "$OUT/conformance.txt" 2>&1
+    echo "conformance cuda (collectives, peer): rc=$? $(tail -1 "$OUT/conformance.txt")" | tee -a "$OUT/summary.txt"
+    list=$(seq -s, -f 'cuda:%g' 0 $((gpus - 1)))
+    timeout 300 $tool demo --devices "$list" > "$OUT/demo.txt" 2>&1
+    echo "demo --devices $list (one process): rc=$?" | tee -a "$OUT/summary.txt"
+    for rdv in tcp:127.0.0.1:29533 dir:/tmp/bp-rdv-$$; do
+        pids=()
+        for r in $(seq 0 $((gpus - 1))); do
+            BACKPLANE_RANK=$r BACKPLANE_WORLD_SIZE=$gpus BACKPLANE_RENDEZVOUS=$rdv \
+                timeout 300 $tool demo --devices cuda:$r > "$OUT/demo-$r.txt" 2>&1 &
+            pids+=($!)
+        done
+        rcs=""
+        for p in "${pids[@]}"; do wait "$p"; rcs="$rcs $?"; done
+        echo "demo, one process per GPU ($rdv): rc=$rcs" | tee -a "$OUT/summary.txt"
+        cat "$OUT"/demo-*.txt >> "$OUT/demo.txt"
+    done
+    timeout 300 $tool demo --devices all >> "$OUT/demo.txt" 2>&1
+    echo "demo --devices all: rc=$?" | tee -a "$OUT/summary.txt"
+    grep -E "^(rank|engine|all-reduce|PASS|FAIL)" "$OUT/demo.txt" | tee -a "$OUT/summary.txt"
+    timeout 400 $tool bench multidevice > "$OUT/bench.txt" 2> "$OUT/bench-notes.txt"
+    echo "bench multidevice rc=$?" | tee -a "$OUT/summary.txt"
+    cat "$OUT/bench.txt" "$OUT/bench-notes.txt" | tee -a "$OUT/summary.txt"
+    exit 0
+fi
 # `tests`: only the GPU plugins' test suites (CUDA, Vulkan on the NVIDIA driver, conformance).
 if [ "$mode" = tests ]; then
     python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \

@@ -100,8 +100,8 @@ void GpuDevice::recycleEvent(bpv::Event event, bool timing) noexcept {
 
 // --- device ---------------------------------------------------------------------------------------
 
-GpuDevice::GpuDevice(GpuDeviceDescription description)
-    : driver_(gpu::driver()), description_(std::move(description)) {
+GpuDevice::GpuDevice(GpuDeviceDescription description, std::shared_ptr<NcclLoader> nccl)
+    : driver_(gpu::driver()), description_(std::move(description)), nccl_(std::move(nccl)) {
     check(bpv::contextRetain(driver_, &context_, description_.id));
 }
 
@@ -110,6 +110,10 @@ GpuDevice::~GpuDevice() {
     for (auto &pool : freeEvents_)
         for (const bpv::Event event : pool) bpv::eventDestroy(driver_, event);
     bpv::contextRelease(driver_, context_, description_.id);
+}
+
+std::string GpuDevice::name() const {
+    return std::string(bpv::kApiName) + " device " + std::to_string(description_.ordinal);
 }
 
 void GpuDevice::markLost(const std::string &why) const {
@@ -170,15 +174,24 @@ std::unique_ptr<sdk::Event> GpuDevice::flush(sdk::Stream &stream, const bp_flush
     enter();
     // Work is submitted as it is recorded; a flush only needs an event when asked for one.
     if (!wantEvent) return nullptr;
+    auto &gpuStream = sdk::as<GpuStream>(stream);
     auto event = std::make_unique<GpuEvent>(*this, (args.flags & BP_FLUSH_TIMING_EVENT) != 0);
-    check(bpv::eventRecord(driver_, event->get(), sdk::as<GpuStream>(stream).get()));
+    check(bpv::eventRecord(driver_, event->get(), gpuStream.get()));
+    if (!gpuStream.marks().empty()) {
+        gpuStream.marks().forgetDestroyed();
+        event->marks() = gpuStream.marks();
+    }
     return event;
 }
 
 void GpuDevice::waitEvent(sdk::Stream &stream, sdk::Event &event) {
     enter();
-    check(bpv::streamWaitEvent(driver_, sdk::as<GpuStream>(stream).get(),
-                               sdk::as<GpuEvent>(event).get()));
+    // The event may belong to another device of this plugin (ABI 1.1, device_peer_access): both
+    // cuStreamWaitEvent and hipStreamWaitEvent accept an event of another device's context.
+    auto &gpuStream = sdk::as<GpuStream>(stream);
+    auto &gpuEvent = sdk::as<GpuEvent>(event);
+    check(bpv::streamWaitEvent(driver_, gpuStream.get(), gpuEvent.get()));
+    gpuStream.marks().merge(gpuEvent.marks());
 }
 
 bool GpuDevice::eventWait(sdk::Event &event, uint64_t timeoutNs) {
@@ -186,6 +199,7 @@ bool GpuDevice::eventWait(sdk::Event &event, uint64_t timeoutNs) {
     const bpv::Event e = sdk::as<GpuEvent>(event).get();
     if (timeoutNs == UINT64_MAX) {
         check(bpv::eventSynchronize(driver_, e));
+        sdk::as<GpuEvent>(event).marks().check();
         return true;
     }
     // Poll with a growing pause: short waits stay responsive, long ones do not burn a core.
@@ -193,7 +207,10 @@ bool GpuDevice::eventWait(sdk::Event &event, uint64_t timeoutNs) {
     auto pause = std::chrono::microseconds(2);
     for (;;) {
         const bpv::Call query = bpv::eventQuery(driver_, e);
-        if (query.ok()) return true;
+        if (query.ok()) {
+            sdk::as<GpuEvent>(event).marks().check();
+            return true;
+        }
         if (query.result != bpv::kNotReady) check(query);
         if (std::chrono::steady_clock::now() >= deadline) return false;
         std::this_thread::sleep_for(pause);
@@ -203,9 +220,11 @@ bool GpuDevice::eventWait(sdk::Event &event, uint64_t timeoutNs) {
 
 bool GpuDevice::eventQuery(sdk::Event &event) {
     enter();
-    const bpv::Call query = bpv::eventQuery(driver_, sdk::as<GpuEvent>(event).get());
+    auto &gpuEvent = sdk::as<GpuEvent>(event);
+    const bpv::Call query = bpv::eventQuery(driver_, gpuEvent.get());
     if (query.result == bpv::kNotReady) return false;
     check(query);
+    gpuEvent.marks().check();
     return true;
 }
 
@@ -261,12 +280,58 @@ void GpuDevice::copyPeer(sdk::Stream &stream, sdk::Device &source,
     auto &src = sdk::as<GpuDevice>(source);
     src.enter(); // fails fast when the source device is lost
     enter();
-    if ((description_.info.capabilities & BP_CAPABILITY_PEER_COPY) == 0)
-        sdk::unsupported("copy_peer (the device has no peer access to another device)");
+    // Per pair: BP_CAPABILITY_PEER_COPY only says that this device reaches some other device.
+    const PeerAccess peer = peerAccessTo(src);
+    if (!peer.access)
+        throw sdk::Error(BP_ERROR_UNSUPPORTED, "copy_peer from " + src.name() + " into " + name() +
+                                                   ": " + peer.why +
+                                                   "; copy through host memory instead");
     const auto from = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
     const auto to = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
     check(bpv::copyPeer(driver_, to, context_, description_.id, from, src.context_,
                         src.description_.id, args.size, sdk::as<GpuStream>(stream).get()));
+}
+
+bool GpuDevice::peerAccess(sdk::Device &src) {
+    auto &source = sdk::as<GpuDevice>(src);
+    enter();
+    return peerAccessTo(source).access;
+}
+
+GpuDevice::PeerAccess GpuDevice::peerAccessTo(GpuDevice &source) {
+    std::lock_guard lock(peerMutex_);
+    const auto known = peers_.find(source.description_.ordinal);
+    if (known != peers_.end()) return known->second;
+    PeerAccess peer;
+    if (source.description_.id == description_.id) {
+        // The same GPU opened twice: one primary context, a peer copy is a local copy.
+        peer.access = true;
+    } else {
+        int can = 0;
+        const bpv::Call query = bpv::canAccessPeer(driver_, &can, description_.id,
+                                                   source.description_.id);
+        if (!query.ok()) {
+            peer.why = toError(driver_, query).what();
+        } else if (can == 0) {
+            peer.why = std::string(query.name) + " says that " + name() +
+                       " cannot access the memory of " + source.name() +
+                       " (no NVLink or PCIe peer-to-peer path between them)";
+        } else {
+            // The copy runs on this device's stream and reads the source's memory: map the
+            // source's allocations into this context, once. Done here rather than at open so
+            // that devices never used together pay nothing (the mapping makes every later
+            // allocation of the source more expensive). NCCL enabling the same pair later, or
+            // another thread here, finds it already enabled, which enablePeerAccess accepts.
+            enter();
+            const bpv::Call enable = bpv::enablePeerAccess(driver_, source.context_);
+            if (enable.ok())
+                peer.access = true;
+            else
+                peer.why = toError(driver_, enable).what();
+        }
+    }
+    peers_.emplace(source.description_.ordinal, peer);
+    return peer;
 }
 
 uint64_t GpuDevice::nativeHandle(bp_native_kind kind, const void *object) {

@@ -4,13 +4,42 @@
 #include "gpu_library.hpp"
 
 #include <atomic>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace backplane::gpu {
 
 class GpuDevice;
+class NcclLoader;
+struct CommState;
+
+/// The collectives recorded on a stream up to some point: per communicator, the sequence number
+/// of the last one (gpu_collectives.cpp). A stream keeps its marks; an event copies its stream's
+/// marks when it is recorded, so that its wait can tell whether one of those collectives was cut
+/// short by an abort: the kernel NCCL then leaves behind completes, but its data is not valid.
+/// So every event recorded after such a collective fails, until its communicator is destroyed.
+/// Empty for streams that never saw a collective, so copying it costs nothing there.
+class CollectiveMarks {
+public:
+    /// Remembers that `sequence` of `comm` was recorded (replaces an older mark of `comm`).
+    void add(const std::shared_ptr<CommState> &comm, uint64_t sequence);
+    /// Takes over the marks of an event this stream waits for (the dependent work saw its data).
+    void merge(const CollectiveMarks &other);
+    /// Forgets the communicators that were destroyed: work recorded after comm_destroy does not
+    /// depend on them (a failure is reported by the events recorded before the destroy).
+    void forgetDestroyed();
+    /// Throws BP_ERROR_REMOTE when a marked collective did not complete before its communicator
+    /// failed or was aborted.
+    void check() const;
+    bool empty() const noexcept { return marks_.empty(); }
+
+private:
+    std::vector<std::pair<std::shared_ptr<CommState>, uint64_t>> marks_;
+};
 
 /// One page: device memory (cuMemAlloc) or pinned, mapped host memory (cuMemHostAlloc).
 class GpuMemory : public sdk::Memory {
@@ -42,10 +71,13 @@ public:
     GpuStream(const GpuStream &) = delete;
     GpuStream &operator=(const GpuStream &) = delete;
     bpv::Stream get() const noexcept { return stream_; }
+    /// The collectives recorded on this stream (the ABI never calls one stream concurrently).
+    CollectiveMarks &marks() noexcept { return marks_; }
 
 private:
     GpuDevice &device_;
     bpv::Stream stream_{};
+    CollectiveMarks marks_;
 };
 
 /// A recorded vendor event, taken from and returned to the device's pool.
@@ -57,11 +89,14 @@ public:
     GpuEvent &operator=(const GpuEvent &) = delete;
     bpv::Event get() const noexcept { return event_; }
     bool timing() const noexcept { return timing_; }
+    /// The stream's collectives when the event was recorded; checked once the event completed.
+    CollectiveMarks &marks() noexcept { return marks_; }
 
 private:
     GpuDevice &device_;
     bool timing_;
     bpv::Event event_{};
+    CollectiveMarks marks_;
 };
 
 /// A loaded module and its entry point, with the entry point's parameter sizes where the driver
@@ -107,7 +142,9 @@ public:
     static constexpr uint32_t kMaxBindings = 64;
     static constexpr uint32_t kMaxScalarBytes = 4096;
 
-    explicit GpuDevice(GpuDeviceDescription description);
+    /// `nccl` is the plugin instance's collective library, opened on first use (shared with the
+    /// plugin and its other devices).
+    GpuDevice(GpuDeviceDescription description, std::shared_ptr<NcclLoader> nccl);
     ~GpuDevice() override;
 
     std::unique_ptr<sdk::Memory> allocate(const bp_memory_allocate_args &args,
@@ -134,6 +171,13 @@ public:
 
     uint64_t nativeHandle(bp_native_kind kind, const void *object) override;
 
+    /// Whether this device's context can read `src`'s memory directly (cuDeviceCanAccessPeer);
+    /// the first positive answer also enables that access (cuCtxEnablePeerAccess), once per pair.
+    bool peerAccess(sdk::Device &src) override;
+    // Collectives through NCCL / RCCL: gpu_collectives.cpp.
+    std::unique_ptr<sdk::Comm> createComm(const bp_comm_create_args &args) override;
+    void collective(sdk::Stream &stream, sdk::Comm &comm, const bp_collective_args &args) override;
+
     /// Fails fast with BP_ERROR_DEVICE_LOST once lost; else makes the context current here.
     void enter() const;
     /// Throws the translated error of a failed call; a sticky one marks the device lost first.
@@ -144,13 +188,25 @@ public:
     const bpv::Driver &driver() const noexcept { return driver_; }
     bpv::Event acquireEvent(bool timing);
     void recycleEvent(bpv::Event event, bool timing) noexcept;
+    /// "CUDA device 1", for messages.
+    std::string name() const;
 
 private:
+    /// Peer access of this device to one other device's memory, decided once.
+    struct PeerAccess {
+        bool access = false;
+        std::string why; ///< when !access: the reason, for copy_peer's message
+    };
+    PeerAccess peerAccessTo(GpuDevice &source);
     void markLost(const std::string &why) const;
 
     const bpv::Driver &driver_;
     GpuDeviceDescription description_;
+    std::shared_ptr<NcclLoader> nccl_;
     bpv::Context context_{};
+
+    std::mutex peerMutex_;
+    std::map<uint32_t, PeerAccess> peers_; // by the source's ordinal
 
     mutable std::atomic<bool> lost_{false};
     mutable std::mutex lostMutex_;

@@ -1,5 +1,7 @@
-// The CUDA / HIP plugin class: probe, device descriptions, open. Entry point of the module.
+// The CUDA / HIP plugin class: probe, device descriptions, open, NCCL ids and groups. Entry point.
+#include "gpu_collectives.hpp"
 #include "gpu_device.hpp"
+#include "gpu_options.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -19,7 +21,11 @@ public:
     static constexpr const char *kName = bpv::kPluginName;
     static constexpr const char *kVersion = bpv::kPluginVersion;
 
-    explicit GpuPlugin(const bp_plugin_init_args &args) : Plugin(args) {}
+    // Cheap: parses the options; the driver is loaded by the first probe, NCCL by the first
+    // device_info or collective call.
+    explicit GpuPlugin(const bp_plugin_init_args &args)
+        : Plugin(args), options_(parseGpuOptions(optionsJson())),
+          nccl_(std::make_shared<NcclLoader>(options_.collectivesLibrary)) {}
 
     bp_probe_result probe() override {
         initialised();
@@ -31,12 +37,30 @@ public:
 
     bp_device_info deviceInfo(uint32_t index) override {
         initialised();
-        return description(index).info;
+        bp_device_info info = description(index).info;
+        // A missing or too old NCCL only turns the capability off; the reason is what
+        // `backplane devices` shows.
+        if (nccl_->library() != nullptr) info.capabilities |= BP_CAPABILITY_COLLECTIVES;
+        sdk::copyString(info.collectives, nccl_->status());
+        return info;
     }
 
     std::unique_ptr<sdk::Device> open(uint32_t index, const bp_device_open_args &) override {
         initialised();
-        return std::make_unique<GpuDevice>(description(index));
+        return std::make_unique<GpuDevice>(description(index), nccl_);
+    }
+
+    // Needs no device: NCCL's id is the address of a bootstrap socket on this host.
+    std::vector<unsigned char> createCommId() override {
+        const NcclLibrary &library = nccl_->require("comm_id_create");
+        nccl::UniqueId id{};
+        if (const nccl::Result r = library.fn.getUniqueId(&id); r != nccl::Success)
+            throw library.error("ncclGetUniqueId", r, nullptr, false);
+        return {id.internal, id.internal + sizeof id.internal};
+    }
+
+    void commGroup(bool begin) override {
+        groupCollectives(nccl_->require(begin ? "comm_group(begin)" : "comm_group(end)"), begin);
     }
 
 private:
@@ -85,7 +109,8 @@ private:
                              counted.result);
         for (int i = 0; i < count; ++i) devices_.push_back(describe(d, i));
 
-        // PEER_COPY where this device can access at least one other device.
+        // PEER_COPY where this device can access at least one other device; device_peer_access
+        // answers per pair.
         for (auto &a : devices_)
             for (const auto &b : devices_) {
                 int can = 0;
@@ -153,6 +178,8 @@ private:
         return devices_[index];
     }
 
+    GpuOptions options_;
+    std::shared_ptr<NcclLoader> nccl_;
     std::once_flag once_;
     std::unique_ptr<sdk::Error> failure_;
     std::string driverVersion_;

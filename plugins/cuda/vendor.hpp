@@ -51,6 +51,14 @@ inline constexpr const char *kRtcLibraries[] = {
 #endif
 };
 
+/// The collective library, opened at run time by gpu_collectives.cpp: its name in messages, in
+/// bp_device_info::collectives and as the plugin options key ({"nccl": {"library": PATH}}), the
+/// soname opened by default, and the environment variable that overrides the path.
+inline constexpr const char *kCollectivesName = "nccl";
+inline constexpr const char *kCollectivesProduct = "NCCL";
+inline constexpr const char *kCollectivesLibrary = "libnccl.so.2";
+inline constexpr const char *kCollectivesEnvironment = "BACKPLANE_NCCL_LIBRARY";
+
 inline constexpr Result kSuccess = CUDA_SUCCESS;
 inline constexpr Result kNotReady = CUDA_ERROR_NOT_READY;
 inline constexpr Result kNoDevice = CUDA_ERROR_NO_DEVICE;

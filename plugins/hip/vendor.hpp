@@ -44,6 +44,12 @@ inline constexpr const char *kRtcLibraries[] = {"libhiprtc.so.6",   "libhiprtc.s
                                                 "libhiprtc.so",     "libamdhip64.so.6",
                                                 "libamdhip64.so.5", "libamdhip64.so"};
 
+/// RCCL implements the NCCL API (same names, types and values) for HIP.
+inline constexpr const char *kCollectivesName = "rccl";
+inline constexpr const char *kCollectivesProduct = "RCCL";
+inline constexpr const char *kCollectivesLibrary = "librccl.so.1";
+inline constexpr const char *kCollectivesEnvironment = "BACKPLANE_RCCL_LIBRARY";
+
 inline constexpr Result kSuccess = hipSuccess;
 inline constexpr Result kNotReady = hipErrorNotReady;
 inline constexpr Result kNoDevice = hipErrorNoDevice;

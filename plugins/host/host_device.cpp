@@ -1,6 +1,10 @@
 // One opened host device: storage, streams, transfers and host-dialect kernels.
 #include "host_device.hpp"
 
+#ifdef BACKPLANE_HOST_GLOO
+#include "host_comm.hpp"
+#endif
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -108,9 +112,10 @@ HostMemory::~HostMemory() {
     owner_.releaseBytes(size_);
 }
 
-HostDevice::HostDevice(const bp_device_info &info, bool async, uint32_t workers,
+HostDevice::HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
                        std::function<void()> onClose)
-    : info_(info), async_(async), pool_(workers), onClose_(std::move(onClose)) {}
+    : info_(info), plugin_(plugin), options_(options), async_(options.async),
+      pool_(options.workers), onClose_(std::move(onClose)) {}
 
 HostDevice::~HostDevice() {
     if (onClose_) onClose_();
@@ -398,6 +403,28 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
 
     hostStream.submit([this, launch = std::move(record)] { runLaunch(launch, pool_, info_); });
 }
+
+bool HostDevice::peerAccess(sdk::Device &src) {
+    const auto *source = dynamic_cast<const HostDevice *>(&src);
+    return source != nullptr && source->plugin_ == plugin_;
+}
+
+#ifdef BACKPLANE_HOST_GLOO
+std::unique_ptr<sdk::Comm> HostDevice::createComm(const bp_comm_create_args &args) {
+    return HostComm::join(this, args, options_);
+}
+
+void HostDevice::collective(sdk::Stream &stream, sdk::Comm &comm, const bp_collective_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    auto *hostComm = dynamic_cast<HostComm *>(&comm);
+    if (hostComm == nullptr || hostComm->owner() != this)
+        invalid("collective: the communicator was not created on this host device");
+    // Only the handles the operation uses are looked at (RECV ignores send, for instance).
+    hostComm->record(hostStream, args, [this](bp_memory *memory, const std::string &what) {
+        return &ownMemory(memory, what.c_str());
+    });
+}
+#endif
 
 uint64_t HostDevice::nativeHandle(bp_native_kind kind, const void *object) {
     switch (kind) {

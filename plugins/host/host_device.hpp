@@ -1,6 +1,7 @@
 // One opened host device: memory pages, streams, host-dialect kernels, in host memory and threads.
 #pragma once
 
+#include "host_options.hpp"
 #include "host_stream.hpp"
 #include "workgroup_pool.hpp"
 
@@ -52,9 +53,11 @@ private:
 /// workgroup pool is shared by all streams, everything else is immutable after construction.
 class HostDevice final : public sdk::Device {
 public:
-    /// `info` is what device_info reported; `onClose` runs in the destructor (the plugin uses it
-    /// to allow opening the device again).
-    HostDevice(const bp_device_info &info, bool async, uint32_t workers,
+    /// `info` is what device_info reported; `plugin` identifies the plugin instance (compared,
+    /// never dereferenced: devices of one instance are peers); `options` are the plugin's (the
+    /// collectives' addresses); `onClose` runs in the destructor (the plugin uses it to allow
+    /// opening the device again).
+    HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
                std::function<void()> onClose);
     ~HostDevice() override;
     HostDevice(const HostDevice &) = delete;
@@ -86,6 +89,14 @@ public:
 
     uint64_t nativeHandle(bp_native_kind kind, const void *object) override;
 
+    /// True for every host device of the same plugin instance (also this one): copy_peer works
+    /// between them and their events are plain counters that any host stream can wait for.
+    bool peerAccess(sdk::Device &src) override;
+#ifdef BACKPLANE_HOST_GLOO
+    std::unique_ptr<sdk::Comm> createComm(const bp_comm_create_args &args) override;
+    void collective(sdk::Stream &stream, sdk::Comm &comm, const bp_collective_args &args) override;
+#endif
+
     /// Returns `bytes` to the allocation budget; called by ~HostMemory.
     void releaseBytes(uint64_t bytes) noexcept;
 
@@ -96,6 +107,8 @@ private:
                      const bp_copy_device_to_device_args &args, const char *operation);
 
     const bp_device_info info_;
+    const void *plugin_;
+    const HostOptions options_;
     const bool async_;
     std::atomic<uint64_t> allocatedBytes_{0};
     WorkgroupPool pool_;

@@ -29,6 +29,34 @@ uint64_t readCount(const nlohmann::json &value, const char *key, uint64_t min, u
     return n;
 }
 
+/// A short text option: printable ASCII, no spaces (a host name, an address, an interface name).
+std::string readName(const nlohmann::json &value, const std::string &key) {
+    if (!value.is_string()) invalid("\"" + key + "\" must be a string, not " + value.dump());
+    auto text = value.get<std::string>();
+    if (text.empty() || text.size() > 255)
+        invalid("\"" + key + "\" must hold 1 to 255 characters, not " + value.dump());
+    for (const char c : text)
+        if (c <= ' ' || c > '~')
+            invalid("\"" + key + "\" must be printable ASCII without spaces, not " + value.dump());
+    return text;
+}
+
+void readCollectives(const nlohmann::json &value, HostOptions &options) {
+    if (!value.is_object())
+        invalid("\"collectives\" must be an object like {\"address\": \"10.0.0.1\"}, not " +
+                value.dump());
+    for (const auto &[key, item] : value.items()) {
+        if (key == "address") {
+            options.collectivesAddress = readName(item, "collectives.address");
+        } else if (key == "interface") {
+            options.collectivesInterface = readName(item, "collectives.interface");
+        } else {
+            invalid("unknown key \"collectives." + key +
+                    "\"; \"collectives\" knows \"address\" and \"interface\"");
+        }
+    }
+}
+
 } // namespace
 
 HostOptions parseHostOptions(std::string_view json) {
@@ -54,10 +82,12 @@ HostOptions parseHostOptions(std::string_view json) {
             options.async = mode == "async";
         } else if (key == "workers") {
             options.workers = static_cast<uint32_t>(readCount(value, "workers", 1, kMaxWorkers));
+        } else if (key == "collectives") {
+            readCollectives(value, options);
         } else {
             invalid("unknown key \"" + key +
-                    "\"; the host plugin knows \"devices\", \"memory_bytes\", \"mode\" and "
-                    "\"workers\"");
+                    "\"; the host plugin knows \"collectives\", \"devices\", \"memory_bytes\", "
+                    "\"mode\" and \"workers\"");
         }
     }
     return options;

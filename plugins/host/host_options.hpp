@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace backplane::host {
@@ -17,6 +18,12 @@ struct HostOptions {
     bool async = true;
     /// Threads that run the workgroups of one launch ("workers"); 0 means min(hardware, 4).
     uint32_t workers = 0;
+    /// "collectives": {"address": "..."}: the address the rendezvous store binds and advertises
+    /// in communicator ids, and Gloo's TCP device binds; "" picks one (see host_comm.hpp).
+    std::string collectivesAddress;
+    /// "collectives": {"interface": "..."}: the network interface Gloo's TCP device binds to
+    /// (overrides the address for Gloo's own connections); "" for none.
+    std::string collectivesInterface;
 };
 
 /// Parses the options JSON text. Throws sdk::Error(BP_ERROR_INVALID_ARGUMENT) whose message names

@@ -2,6 +2,11 @@
 #include "host_device.hpp"
 #include "host_options.hpp"
 
+#ifdef BACKPLANE_HOST_GLOO
+#include "comm_group.hpp"
+#include "host_comm.hpp"
+#endif
+
 #include <backplane/abi/plugin_sdk.hpp>
 
 #include <sys/utsname.h>
@@ -105,12 +110,23 @@ public:
             open_[index] = false;
         };
         try {
-            return std::make_unique<HostDevice>(info, options_.async, options_.workers, onClose);
+            return std::make_unique<HostDevice>(info, this, options_, onClose);
         } catch (...) {
             onClose();
             throw;
         }
     }
+
+#ifdef BACKPLANE_HOST_GLOO
+    std::vector<unsigned char> createCommId() override { return commIds_.make(); }
+
+    void commGroup(bool begin) override {
+        if (begin)
+            beginCommGroup();
+        else
+            endCommGroup();
+    }
+#endif
 
 private:
     void checkIndex(uint32_t index, const char *operation) const {
@@ -147,6 +163,12 @@ private:
         info.capabilities = BP_CAPABILITY_TIMESTAMPS | BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY |
                             BP_CAPABILITY_INDIRECT_DISPATCH | BP_CAPABILITY_PEER_COPY;
         if (options_.async) info.capabilities |= BP_CAPABILITY_ASYNC_STREAMS;
+#ifdef BACKPLANE_HOST_GLOO
+        info.capabilities |= BP_CAPABILITY_COLLECTIVES;
+        sdk::copyString(info.collectives, collectivesEngine());
+#else
+        sdk::copyString(info.collectives, "built without Gloo (libgloo-dev)");
+#endif
         return info;
     }
 
@@ -154,6 +176,10 @@ private:
     bp_device_info info_{};
     std::mutex mutex_;
     std::vector<bool> open_; ///< guarded by mutex_
+#ifdef BACKPLANE_HOST_GLOO
+    CommIdMaker commIds_{
+        options_, [this](bp_log_level level, const std::string &message) { log(level, message); }};
+#endif
 };
 
 } // namespace backplane::host

@@ -87,6 +87,8 @@ public:
     void waitEvent(const HostEvent &event);
 
     const void *owner() const noexcept { return owner_; }
+    /// False in synchronous mode: submit() runs the task before it returns.
+    bool async() const noexcept { return async_; }
 
 private:
     void runWorker();

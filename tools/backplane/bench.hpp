@@ -33,5 +33,6 @@ void benchVulkan(const BenchOptions &options, BenchRows &rows); ///< bench_vulka
 void benchCuda(const BenchOptions &options, BenchRows &rows);   ///< bench_cuda.cpp
 void benchTune(const BenchOptions &options, BenchRows &rows);   ///< bench_tune.cpp
 void benchStartup(const BenchOptions &options, BenchRows &rows); ///< bench_startup.cpp
+void benchMultidevice(const BenchOptions &options, BenchRows &rows); ///< bench_multidevice.cpp
 
 } // namespace backplane::tool

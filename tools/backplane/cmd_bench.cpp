@@ -37,6 +37,9 @@ const std::vector<Suite> &suites() {
 #ifdef BACKPLANE_HAVE_BENCH_STARTUP
         {"startup", &benchStartup},
 #endif
+#ifdef BACKPLANE_HAVE_BENCH_MULTIDEVICE
+        {"multidevice", &benchMultidevice},
+#endif
     };
     return all;
 }

@@ -2,6 +2,7 @@
 #include "commands.hpp"
 
 #include <backplane/error.hpp>
+#include <backplane/abi/plugin.h>
 #include <backplane/runtime.hpp>
 
 #include <algorithm>
@@ -83,6 +84,13 @@ void printReport(const Runtime &runtime) {
                             d.info().hasUuid ? d.info().uuidString() : "-", routes});
         }
         printTable(rows);
+        std::printf("\nCollectives (per route; devices without them use the staged path)\n");
+        for (const auto &d : runtime.devices())
+            for (const auto &r : d.routes) {
+                const bool on = (r.capabilities & BP_CAPABILITY_COLLECTIVES) != 0;
+                std::printf("  %s: %s%s\n", r.id().c_str(), on ? "" : "off",
+                            r.collectives.empty() ? "" : ((on ? "" : ": ") + r.collectives).c_str());
+            }
     }
 
     std::printf("\nSelection\n");

@@ -28,21 +28,33 @@ class Buffer {
 public:
     Buffer() = default;
 
-    /// Bytes the caller asked for.
-    uint64_t size() const noexcept;
+    /// Bytes the caller asked for (of a view: the view's bytes).
+    uint64_t size() const noexcept { return size_; }
+    /// Where this Buffer starts in its allocation: 0, or the offset given to view().
+    uint64_t offset() const noexcept { return offset_; }
+    /// A view of `size` bytes from `offset` of this Buffer (UINT64_MAX: up to the end). A view is
+    /// a Buffer: it works wherever one does (bindings, transfers, copies, fills, collectives,
+    /// cross-device copies) with offsets counted from its start, keeps the whole allocation
+    /// alive, and is ordered with every other use of the allocation (the engine tracks hazards on
+    /// the allocation, not per view). A range past the end is Error(InvalidArgument). A kernel
+    /// binding of a view must start at a multiple of DeviceInfo::bindingAlignment (checked at
+    /// execute, with the alignment in the message).
+    Buffer view(uint64_t offset, uint64_t size = UINT64_MAX) const;
     /// False for a default-constructed Buffer.
     bool valid() const noexcept { return slice_ != nullptr; }
     explicit operator bool() const noexcept { return valid(); }
     /// True when this is the only reference, including in-flight cross-stream uses: the caller
     /// may then overwrite the memory in place instead of allocating a new buffer.
     bool unique() const noexcept { return slice_ != nullptr && slice_.use_count() == 1; }
-    /// Identity of the underlying allocation (equal for copies); for tests and logs.
+    /// Identity of the underlying allocation (equal for copies and views); for tests and logs.
     const void *id() const noexcept { return slice_.get(); }
 
 private:
     friend class detail::ComputeServer;
-    explicit Buffer(std::shared_ptr<detail::Slice> slice) : slice_(std::move(slice)) {}
+    explicit Buffer(std::shared_ptr<detail::Slice> slice);
     std::shared_ptr<detail::Slice> slice_;
+    uint64_t offset_ = 0; ///< view start in the allocation
+    uint64_t size_ = 0;   ///< view bytes
 };
 
 /// A tensor allocation: a Buffer plus its shape and the strides (in elements) the engine chose.

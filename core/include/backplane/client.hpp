@@ -17,9 +17,12 @@
 
 namespace backplane {
 
+class ComputeClient;
 namespace detail {
 class ComputeServer;
 class PinnedBlock;
+/// The server behind a client (for the core's own parts: the Communicator).
+std::shared_ptr<ComputeServer> serverOf(const ComputeClient &client);
 } // namespace detail
 
 /// A logical stream. Work submitted on one stream runs in order; streams map onto the device's
@@ -71,6 +74,8 @@ struct EngineStats {
     uint64_t diskCacheHits = 0;     ///< kernels loaded from the on-disk cache
     uint64_t schedulerFlushes = 0;  ///< task batches executed (scheduler streams only)
     uint64_t outOfMemoryRetries = 0;///< allocations that succeeded after a cleanup
+    uint64_t peerCopies = 0;        ///< copies to another device through the plugin's copy_peer
+    uint64_t stagedCopies = 0;      ///< copies to another device through host memory
 };
 
 /// A profiling token from ComputeClient::profileStart. Tokens of one stream nest (LIFO).
@@ -213,6 +218,26 @@ public:
     /// do not overlap (overlapping ranges: Error(InvalidArgument)).
     void copy(const Buffer &src, uint64_t srcOffset, const Buffer &dst, uint64_t dstOffset,
               uint64_t size);
+    /// Copies `size` bytes of `src` (this client's) to `dst`, a Buffer of `dstClient`: any other
+    /// opened device, of any plugin. Ordered after every earlier use of `src` and before later
+    /// uses of `src` and `dst`, on every stream of both devices, without the caller syncing;
+    /// it runs on this thread's current stream on both devices. Same plugin with peer access
+    /// for the pair: the plugin's copy_peer, asynchronous. Otherwise a pipelined copy through
+    /// pinned host memory, which returns once the bytes left `src` (the write into `dst` is
+    /// stream-ordered there like write()). EngineStats::peerCopies / stagedCopies say which.
+    /// `dstClient` may be this client (then it is copy() above).
+    void copy(const Buffer &src, uint64_t srcOffset, ComputeClient &dstClient, const Buffer &dst,
+              uint64_t dstOffset, uint64_t size);
+    /// Reads a tensor of any strides (Tensor::strides, in elements, from the start of
+    /// Tensor::buffer, which may be a view) as packed row-major bytes: an Optimized (row-padded)
+    /// tensor reads back contiguous. Strides may be 0 (broadcast). Error(InvalidArgument) when
+    /// shape and strides differ in length, elementSize is 0, or an element lies past the buffer.
+    ReadFuture readTensor(const Tensor &tensor);
+    /// Writes packed row-major `data` (`size` = elements × elementSize) into a tensor of any
+    /// strides, touching only its elements (never the padding or other data between rows).
+    /// Tensors whose elements overlap (a stride too small for the dimensions inside it) are
+    /// Error(InvalidArgument), as is a size that is not the tensor's.
+    void writeTensor(const Tensor &tensor, const void *data, uint64_t size);
     /// Fills `size` bytes from `offset` (multiples of 4) with a 4-byte pattern.
     void fill(const Buffer &buffer, uint32_t pattern, uint64_t offset = 0,
               uint64_t size = UINT64_MAX);
@@ -256,6 +281,7 @@ public:
     explicit ComputeClient(std::shared_ptr<detail::ComputeServer> server);
 
 private:
+    friend std::shared_ptr<detail::ComputeServer> detail::serverOf(const ComputeClient &client);
     /// Error(InvalidArgument) unless `bytes` is a multiple of `elementSize` (readAs).
     static void checkWholeElements(uint64_t bytes, size_t elementSize);
 

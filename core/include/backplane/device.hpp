@@ -41,6 +41,9 @@ struct DeviceInfo {
     uint32_t maxStreams = 1;
     uint32_t dialects = 0;     ///< mask of 1u << Dialect
     uint32_t capabilities = 0; ///< mask of BP_CAPABILITY_* (see backplane/abi/plugin.h)
+    /// The collective engine when BP_CAPABILITY_COLLECTIVES is set ("nccl 2.28.9", "gloo
+    /// 0.5.0"), otherwise why there is none; "" from plugins older than ABI 1.1.
+    std::string collectives;
 
     /// "backend:index", e.g. "cuda:0": the id selectors and reports use.
     std::string id() const { return backend + ":" + std::to_string(index); }

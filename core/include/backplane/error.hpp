@@ -24,6 +24,7 @@ enum class ErrorCode {
     Config,           ///< a config file or environment value is invalid (message: file + JSON path)
     PluginLoad,       ///< a plugin could not be loaded (message: file and loader text)
     NoMatchingDevice, ///< device selection found nothing and `required` was set
+    Remote,           ///< a peer of a collective failed, left or timed out (communicator unusable)
 };
 
 /// Stable lower-case name of a code ("out_of_memory"), as used in JSON output.

@@ -26,7 +26,26 @@ std::string bytesText(uint64_t bytes) {
 
 } // namespace
 
-uint64_t Buffer::size() const noexcept { return slice_ ? slice_->size : 0; }
+Buffer::Buffer(std::shared_ptr<detail::Slice> slice)
+    : slice_(std::move(slice)), size_(slice_ ? slice_->size : 0) {}
+
+Buffer Buffer::view(uint64_t offset, uint64_t size) const {
+    if (!slice_) throw Error(ErrorCode::InvalidArgument, "Buffer::view of an empty Buffer");
+    if (offset > size_)
+        throw Error(ErrorCode::InvalidArgument,
+                    "Buffer::view at offset " + std::to_string(offset) + " starts past the end of a " +
+                        std::to_string(size_) + "-byte buffer");
+    if (size == UINT64_MAX) size = size_ - offset;
+    if (size > size_ - offset)
+        throw Error(ErrorCode::InvalidArgument,
+                    "Buffer::view of " + std::to_string(size) + " bytes at offset " +
+                        std::to_string(offset) + " overruns a " + std::to_string(size_) +
+                        "-byte buffer");
+    Buffer v = *this;
+    v.offset_ = offset_ + offset;
+    v.size_ = size;
+    return v;
+}
 
 void *PinnedBuffer::data() const noexcept { return block_ ? block_->data() : nullptr; }
 size_t PinnedBuffer::size() const noexcept { return block_ ? block_->size() : 0; }
@@ -96,6 +115,24 @@ void ComputeClient::copy(const Buffer &src, uint64_t srcOffset, const Buffer &ds
                          uint64_t dstOffset, uint64_t size) {
     server_->copy(currentStream(), src, srcOffset, dst, dstOffset, size);
 }
+void ComputeClient::copy(const Buffer &src, uint64_t srcOffset, ComputeClient &dstClient,
+                         const Buffer &dst, uint64_t dstOffset, uint64_t size) {
+    const StreamId stream = currentStream();
+    server_->copyToDevice(stream, src, srcOffset, *dstClient.server_, stream, dst, dstOffset, size);
+}
+
+std::shared_ptr<detail::ComputeServer> detail::serverOf(const ComputeClient &client) {
+    return client.server_;
+}
+
+ReadFuture ComputeClient::readTensor(const Tensor &tensor) {
+    return server_->readTensor(currentStream(), tensor);
+}
+
+void ComputeClient::writeTensor(const Tensor &tensor, const void *data, uint64_t size) {
+    server_->writeTensor(currentStream(), tensor, data, size);
+}
+
 void ComputeClient::fill(const Buffer &buffer, uint32_t pattern, uint64_t offset, uint64_t size) {
     server_->fill(currentStream(), buffer, pattern, offset, size);
 }

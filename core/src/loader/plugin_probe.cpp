@@ -127,7 +127,8 @@ Json deviceJson(const DeviceInfo &d) {
             {"max_scalar_bytes", d.maxScalarBytes},
             {"max_streams", d.maxStreams},
             {"dialects", d.dialects},
-            {"capabilities", d.capabilities}};
+            {"capabilities", d.capabilities},
+            {"collectives", d.collectives}};
 }
 
 /// Reads the fields of a probe answer or record, each checked; errors name the pointer.
@@ -206,6 +207,7 @@ DeviceInfo deviceFromJson(const Json &j, const std::string &backend, const std::
     d.maxStreams = std::max<uint32_t>(1, static_cast<uint32_t>(r.number("max_streams")));
     d.dialects = static_cast<uint32_t>(r.number("dialects"));
     d.capabilities = static_cast<uint32_t>(r.number("capabilities"));
+    if (j.contains("collectives")) d.collectives = r.text("collectives"); // since ABI 1.1
     return d;
 }
 

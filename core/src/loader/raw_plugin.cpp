@@ -106,6 +106,7 @@ const char *toString(bp_status status) noexcept {
     case BP_ERROR_TIMEOUT: return "timeout";
     case BP_ERROR_NOT_READY: return "not_ready";
     case BP_ERROR_INTERNAL: return "internal";
+    case BP_ERROR_REMOTE: return "remote";
     default: return "unknown";
     }
 }

@@ -19,6 +19,7 @@ const char *toString(ErrorCode code) noexcept {
     case ErrorCode::Config: return "config";
     case ErrorCode::PluginLoad: return "plugin_load";
     case ErrorCode::NoMatchingDevice: return "no_matching_device";
+    case ErrorCode::Remote: return "remote";
     }
     return "internal";
 }

@@ -91,6 +91,7 @@ DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_dev
     out.maxStreams = in.max_streams == 0 ? 1 : in.max_streams;
     out.dialects = in.dialects;
     out.capabilities = in.capabilities;
+    out.collectives = fixedString(in.collectives, sizeof(in.collectives));
     return out;
 }
 

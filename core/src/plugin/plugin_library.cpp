@@ -29,6 +29,7 @@ ErrorCode toErrorCode(bp_status status) {
     case BP_ERROR_COMPILE: return ErrorCode::Compile;
     case BP_ERROR_LAUNCH: return ErrorCode::Launch;
     case BP_ERROR_TIMEOUT: return ErrorCode::Timeout;
+    case BP_ERROR_REMOTE: return ErrorCode::Remote;
     default: return ErrorCode::Internal;
     }
 }

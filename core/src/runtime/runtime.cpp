@@ -143,7 +143,12 @@ Selection selectFrom(const Runtime::Impl &impl, const std::vector<std::string> &
 Json deviceJson(const PhysicalDevice &device) {
     const DeviceInfo &d = device.info();
     Json routes = Json::array();
-    for (const auto &r : device.routes) routes.push_back(r.id());
+    Json collectives = Json::object();
+    for (const auto &r : device.routes) {
+        routes.push_back(r.id());
+        collectives[r.id()] = {{"available", (r.capabilities & BP_CAPABILITY_COLLECTIVES) != 0},
+                               {"engine", r.collectives}};
+    }
     return {
         {"id", d.id()},
         {"name", d.name},
@@ -156,6 +161,7 @@ Json deviceJson(const PhysicalDevice &device) {
         {"pci_bus_id", d.pciBusId.empty() ? Json(nullptr) : Json(d.pciBusId)},
         {"routes", routes},
         {"preferred_route", d.id()},
+        {"collectives", collectives},
     };
 }
 

@@ -376,9 +376,18 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     checkAlive();
     // The launch path allocates nothing on the heap for up to 16 buffers.
     boost::container::small_vector<SlicePtr, 17> slices;
+    const uint64_t alignment = std::max<uint64_t>(info().bindingAlignment, 1);
     for (const Buffer &b : dispatch.bindings) {
         slices.push_back(&sliceOf(b, "execute"));
-        if ((*slices.back())->size == 0)
+        if (b.offset() % alignment != 0)
+            throw Error(ErrorCode::InvalidArgument,
+                        "kernel '" + kernel.name + "': binding " +
+                            std::to_string(slices.size() - 1) + " is a view starting at byte " +
+                            std::to_string(b.offset()) + " of its buffer; " + info().id() +
+                            " binds buffers at multiples of " + std::to_string(alignment) +
+                            " bytes (DeviceInfo::bindingAlignment): start the view there, or "
+                            "pass the offset to the kernel as a scalar");
+        if (b.size() == 0)
             throw Error(ErrorCode::InvalidArgument,
                         "kernel '" + kernel.name + "': binding " +
                             std::to_string(slices.size() - 1) +
@@ -392,7 +401,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                             " has no indirect dispatch (grid from a buffer)",
                         info().backend);
         slices.push_back(&sliceOf(dispatch.gridBuffer, "execute"));
-        const uint64_t gridBytes = (*slices.back())->size;
+        const uint64_t gridBytes = dispatch.gridBuffer.size();
         if (dispatch.gridOffset % 4 != 0 || dispatch.gridOffset > gridBytes ||
             gridBytes - dispatch.gridOffset < 3 * sizeof(uint32_t))
             throw Error(ErrorCode::InvalidArgument,
@@ -408,7 +417,8 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     boost::container::small_vector<bp_binding, 16> bindings;
     for (size_t i = 0; i < dispatch.bindings.size(); ++i) {
         const Slice &s = **slices[i];
-        bindings.push_back({s.memory, s.offset, s.size});
+        const Buffer &b = dispatch.bindings[i];
+        bindings.push_back({s.memory, s.offset + b.offset(), b.size()});
     }
     bp_launch_args args{};
     args.struct_size = sizeof(args);
@@ -418,7 +428,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     if (dispatch.gridBuffer) {
         const Slice &g = **slices.back();
         args.grid_memory = g.memory;
-        args.grid_offset = g.offset + dispatch.gridOffset;
+        args.grid_offset = g.offset + dispatch.gridBuffer.offset() + dispatch.gridOffset;
     }
     args.binding_count = static_cast<uint32_t>(bindings.size());
     args.shared_memory_bytes = dispatch.sharedMemoryBytes;
@@ -649,6 +659,8 @@ EngineStats ComputeServer::stats() {
     s.kernelsCompiled = kernels_.compiled();
     s.kernelCacheHits = kernels_.memoryHits();
     s.diskCacheHits = kernels_.diskHits();
+    s.peerCopies = peerCopies_.load();
+    s.stagedCopies = stagedCopies_.load();
     if (multi_) {
         s.eventsCreated += multi_->eventsCreated();
         s.alignmentEvents = multi_->alignmentEvents();

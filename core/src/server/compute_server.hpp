@@ -54,6 +54,10 @@ private:
     std::shared_ptr<Driver> driver_;
 };
 
+/// Error(InvalidArgument) unless [offset, offset + size) lies inside `buffer` (a view: inside the
+/// view); offsets are the caller's, counted from the buffer's start.
+void checkBufferRange(const Buffer &buffer, uint64_t offset, uint64_t size, const char *what);
+
 /// The server of one opened device. Thread-safe. Locking (docs/streams.md, "Locks"):
 /// - the engine lock `mutex_` guards the pools, the stream state and slices' hazards; under it
 ///   the server only does bookkeeping and enqueues work on plugin streams — it never waits for
@@ -71,6 +75,7 @@ public:
 
     const DeviceInfo &info() const noexcept { return driver_->info(); }
     const Driver &driver() const noexcept { return *driver_; }
+    Driver &driver() noexcept { return *driver_; }
     bool asyncStreams() const noexcept { return multi_ != nullptr; }
     const PoolLayout &poolLayout() const noexcept { return layout_; }
 
@@ -97,6 +102,19 @@ public:
               uint64_t dstOffset, uint64_t size);
     void fill(StreamId stream, const Buffer &buffer, uint32_t pattern, uint64_t offset,
               uint64_t size);
+    /// A tensor of any strides as packed row-major bytes, and back (tensor_transfers.cpp).
+    ReadFuture readTensor(StreamId stream, const Tensor &tensor);
+    void writeTensor(StreamId stream, const Tensor &tensor, const void *data, uint64_t size);
+    /// Records one collective of `comm` (its send/recv fields filled from the buffers, either
+    /// may be null), ordered like a launch on them. `sendBytes` / `recvBytes` must fit the
+    /// buffers (Error(InvalidArgument) naming `what`).
+    void collective(StreamId stream, bp_comm *comm, bp_collective_args args, const Buffer *send,
+                    uint64_t sendBytes, const Buffer *recv, uint64_t recvBytes,
+                    const std::string &what);
+    /// Copies into a buffer of another server (device_copy.cpp); see ComputeClient::copy.
+    void copyToDevice(StreamId stream, const Buffer &src, uint64_t srcOffset, ComputeServer &dst,
+                      StreamId dstStream, const Buffer &dstBuffer, uint64_t dstOffset,
+                      uint64_t size);
 
     void execute(StreamId stream, const KernelSource &kernel, const Dispatch &dispatch);
     void prepare(const KernelSource &kernel);
@@ -166,6 +184,14 @@ private:
     /// Lets the GC catch up when `slot`'s backlog grew too long (no lock held).
     void throttle(uint32_t slot);
 
+    // copies between devices (device_copy.cpp)
+    void copyPeerTo(uint32_t slot, const std::shared_ptr<Slice> &a, uint64_t from,
+                    ComputeServer &dst, uint32_t dstSlot, const std::shared_ptr<Slice> &b,
+                    uint64_t to, uint64_t size);
+    void copyStagedTo(StreamId stream, const Buffer &src, uint64_t srcOffset, ComputeServer &dst,
+                      StreamId dstStream, const Buffer &dstBuffer, uint64_t dstOffset,
+                      uint64_t size);
+
     // transfers (transfers.cpp)
     void writeStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
                      const std::byte *src, uint64_t size);
@@ -200,6 +226,8 @@ private:
     std::vector<ProfileRecord> profiles_;
     uint64_t nextProfile_ = 1;
     EngineStats counters_; ///< fields the server counts itself
+    std::atomic<uint64_t> peerCopies_{0};   ///< cross-device copies through copy_peer
+    std::atomic<uint64_t> stagedCopies_{0}; ///< cross-device copies through host memory
 
     std::unique_ptr<StagingPool> staging_;
 };

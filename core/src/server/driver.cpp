@@ -21,6 +21,11 @@ void releaseKernel(Driver &driver, bp_kernel *kernel) {
     releaseContained(driver.plugin().name(), "kernel_release",
                      [&] { driver.api().kernel_release(driver.device(), kernel); });
 }
+void releaseComm(Driver &driver, bp_comm *comm) {
+    if (!driver.plugin().has(&bp_plugin_api::comm_destroy)) return;
+    releaseContained(driver.plugin().name(), "comm_destroy",
+                     [&] { driver.api().comm_destroy(driver.device(), comm); });
+}
 
 namespace {
 
@@ -278,6 +283,104 @@ uint64_t Driver::nativeHandle(bp_native_kind kind, const void *object) {
     });
     if (status != BP_SUCCESS) fail(status, error, "native_handle on " + info_.id());
     return out;
+}
+
+// ----- peers and collectives (ABI 1.1) ----------------------------------------------------------
+
+void Driver::copyPeer(bp_stream *stream, const Driver &source, bp_memory *src, uint64_t srcOffset,
+                      bp_memory *dst, uint64_t dstOffset, uint64_t size) {
+    if (!plugin_->has(&bp_plugin_api::copy_peer))
+        throw Error(ErrorCode::Unsupported, plugin_->name() + " has no copy_peer", plugin_->name());
+    bp_copy_device_to_device_args args{sizeof(args), src, srcOffset, dst, dstOffset, size};
+    bp_error error = makeError();
+    const bp_status status = callContained("copy_peer", error, [&] {
+        return api().copy_peer(device_, stream, source.device_, &args, &error);
+    });
+    if (status != BP_SUCCESS)
+        fail(status, error, "copy_peer from " + source.info_.id() + " to " + info_.id());
+}
+
+bool Driver::peerAccess(const Driver &source) {
+    if (plugin_ != source.plugin_ || !plugin_->has(&bp_plugin_api::device_peer_access) ||
+        !plugin_->has(&bp_plugin_api::copy_peer) || !hasCapability(BP_CAPABILITY_PEER_COPY) ||
+        !source.hasCapability(BP_CAPABILITY_PEER_COPY))
+        return false;
+    uint32_t out = 0;
+    bp_error error = makeError();
+    const bp_status status = callContained("device_peer_access", error, [&] {
+        return api().device_peer_access(device_, source.device_, &out, &error);
+    });
+    if (status != BP_SUCCESS)
+        fail(status, error, "device_peer_access from " + source.info_.id() + " to " + info_.id());
+    return out != 0;
+}
+
+bool Driver::hasCollectives() const noexcept {
+    return hasCapability(BP_CAPABILITY_COLLECTIVES) &&
+           plugin_->has(&bp_plugin_api::comm_id_create) &&
+           plugin_->has(&bp_plugin_api::comm_create) &&
+           plugin_->has(&bp_plugin_api::comm_destroy) && plugin_->has(&bp_plugin_api::comm_abort) &&
+           plugin_->has(&bp_plugin_api::comm_group) && plugin_->has(&bp_plugin_api::collective);
+}
+
+std::vector<std::byte> Driver::commIdCreate() {
+    if (!hasCollectives())
+        throw Error(ErrorCode::Unsupported, info_.id() + " has no collectives", plugin_->name());
+    std::vector<std::byte> id(BP_COMM_ID_MAX_BYTES);
+    size_t size = 0;
+    bp_error error = makeError();
+    const bp_status status = callContained("comm_id_create", error, [&] {
+        return api().comm_id_create(plugin_->instance(), id.data(), id.size(), &size, &error);
+    });
+    if (status != BP_SUCCESS) fail(status, error, "comm_id_create");
+    if (size > id.size())
+        throw Error(ErrorCode::Internal,
+                    plugin_->name() + " comm_id_create reported " + std::to_string(size) +
+                        " bytes, more than the " + std::to_string(id.size()) + " it was given",
+                    plugin_->name());
+    id.resize(size);
+    return id;
+}
+
+CommOwner Driver::commCreate(std::span<const std::byte> id, uint32_t rank, uint32_t size,
+                             uint64_t timeoutMs) {
+    bp_comm_create_args args{};
+    args.struct_size = sizeof(args);
+    args.id = id.data();
+    args.id_size = id.size();
+    args.rank = rank;
+    args.size = size;
+    args.timeout_ms = timeoutMs;
+    bp_comm *comm = nullptr;
+    bp_error error = makeError();
+    const bp_status status = callContained("comm_create", error, [&] {
+        return api().comm_create(device_, &args, &comm, &error);
+    });
+    if (status != BP_SUCCESS)
+        fail(status, error,
+             "comm_create (rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                 ") on " + info_.id());
+    return {shared_from_this(), comm};
+}
+
+void Driver::commAbort(bp_comm *comm) {
+    releaseContained(plugin_->name(), "comm_abort", [&] { api().comm_abort(device_, comm); });
+}
+
+void Driver::commGroup(bool begin) {
+    bp_error error = makeError();
+    const bp_status status = callContained("comm_group", error, [&] {
+        return api().comm_group(plugin_->instance(), begin ? 1u : 0u, &error);
+    });
+    if (status != BP_SUCCESS) fail(status, error, begin ? "comm_group(begin)" : "comm_group(end)");
+}
+
+void Driver::collective(bp_stream *stream, bp_comm *comm, const bp_collective_args &args) {
+    bp_error error = makeError();
+    const bp_status status = callContained("collective", error, [&] {
+        return api().collective(device_, stream, comm, &args, &error);
+    });
+    if (status != BP_SUCCESS) fail(status, error, "collective on " + info_.id());
 }
 
 } // namespace backplane::detail

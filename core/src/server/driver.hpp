@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,10 +59,12 @@ void releaseMemory(Driver &driver, bp_memory *memory);
 void releaseStream(Driver &driver, bp_stream *stream);
 void releaseEvent(Driver &driver, bp_event *event);
 void releaseKernel(Driver &driver, bp_kernel *kernel);
+void releaseComm(Driver &driver, bp_comm *comm);
 
 using StreamOwner = DriverHandle<bp_stream, &releaseStream>;
 using EventOwner = DriverHandle<bp_event, &releaseEvent>;
 using KernelOwner = DriverHandle<bp_kernel, &releaseKernel>;
+using CommOwner = DriverHandle<bp_comm, &releaseComm>;
 
 /// One page of plugin memory and its host address (pinned / host-visible pages).
 struct MemoryPage {
@@ -114,6 +117,22 @@ public:
     void copyDeviceToDevice(bp_stream *stream, bp_memory *src, uint64_t srcOffset, bp_memory *dst,
                             uint64_t dstOffset, uint64_t size);
     void fill(bp_stream *stream, bp_memory *dst, uint64_t offset, uint64_t size, uint32_t pattern);
+    /// Copies from `source`'s memory (a device of the same plugin instance) on `stream` of this one.
+    void copyPeer(bp_stream *stream, const Driver &source, bp_memory *src, uint64_t srcOffset,
+                  bp_memory *dst, uint64_t dstOffset, uint64_t size);
+    /// Whether copyPeer from `source` works and the two accept each other's events (ABI 1.1;
+    /// false for another plugin instance or a plugin without device_peer_access).
+    bool peerAccess(const Driver &source);
+
+    // collectives (ABI 1.1)
+    bool hasCollectives() const noexcept;
+    /// A new communicator id (plugin-level).
+    std::vector<std::byte> commIdCreate();
+    CommOwner commCreate(std::span<const std::byte> id, uint32_t rank, uint32_t size,
+                         uint64_t timeoutMs);
+    void commAbort(bp_comm *comm);
+    void commGroup(bool begin);
+    void collective(bp_stream *stream, bp_comm *comm, const bp_collective_args &args);
 
     /// Compiles; on failure throws Error(Compile) naming `kernelName` with the compiler log.
     CompiledKernel compile(const std::string &kernelName, bp_dialect dialect,

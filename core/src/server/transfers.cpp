@@ -11,14 +11,6 @@ namespace backplane::detail {
 namespace {
 
 // Rejects a host transfer that does not fit the buffer (a caller error, not a plugin one).
-void checkTransferRange(const Slice &slice, uint64_t offset, uint64_t size, const char *what) {
-    if (offset > slice.size || size > slice.size - offset)
-        throw Error(ErrorCode::InvalidArgument,
-                    std::string(what) + " of " + std::to_string(size) + " bytes at offset " +
-                        std::to_string(offset) + " overruns a buffer of " +
-                        std::to_string(slice.size) + " bytes");
-}
-
 // A pinned transfer uses the PinnedBuffer from its start.
 void checkPinnedSize(const PinnedBuffer &pinned, uint64_t size, const char *what) {
     if (pinned.data() == nullptr)
@@ -38,6 +30,14 @@ void checkHostPointer(const void *host, const char *what) {
 }
 
 } // namespace
+
+void checkBufferRange(const Buffer &buffer, uint64_t offset, uint64_t size, const char *what) {
+    if (offset > buffer.size() || size > buffer.size() - offset)
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string(what) + " of " + std::to_string(size) + " bytes at offset " +
+                        std::to_string(offset) + " overruns a buffer of " +
+                        std::to_string(buffer.size()) + " bytes");
+}
 
 // ----- pageable memory through staging ----------------------------------------------------------
 
@@ -133,8 +133,9 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
                           uint64_t size) {
     checkAlive();
     const auto &slice = sliceOf(buffer, "write");
-    checkTransferRange(*slice, offset, size, "write");
+    checkBufferRange(buffer, offset, size, "write");
     if (size == 0) return;
+    offset += buffer.offset();
     checkHostPointer(data, "write");
     const uint32_t slot = slotOf(stream);
     if (!multi_) {
@@ -159,8 +160,9 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
                              uint64_t size) {
     checkAlive();
     const auto &slice = sliceOf(buffer, "readInto");
-    checkTransferRange(*slice, offset, size, "readInto");
+    checkBufferRange(buffer, offset, size, "readInto");
     if (size == 0) return;
+    offset += buffer.offset();
     checkHostPointer(into, "readInto");
     const uint32_t slot = slotOf(stream);
     if (!multi_) {
@@ -185,9 +187,10 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
                                uint64_t size) {
     checkAlive();
     const auto &slice = sliceOf(buffer, "read");
-    if (size == UINT64_MAX) size = slice->size - std::min(offset, slice->size);
-    checkTransferRange(*slice, offset, size, "read");
+    if (size == UINT64_MAX) size = buffer.size() - std::min(offset, buffer.size());
+    checkBufferRange(buffer, offset, size, "read");
     if (size == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
+    offset += buffer.offset();
     const uint32_t slot = slotOf(stream);
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
@@ -272,8 +275,9 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
     checkAlive();
     const auto &slice = sliceOf(buffer, "write");
     checkPinnedSize(data, size, "pinned write");
-    checkTransferRange(*slice, offset, size, "pinned write");
+    checkBufferRange(buffer, offset, size, "pinned write");
     if (size == 0) return;
+    offset += buffer.offset();
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;
@@ -296,8 +300,9 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
     checkAlive();
     const auto &slice = sliceOf(buffer, "readInto");
     checkPinnedSize(into, size, "pinned readInto");
-    checkTransferRange(*slice, offset, size, "pinned readInto");
+    checkBufferRange(buffer, offset, size, "pinned readInto");
     if (size == 0) return;
+    offset += buffer.offset();
     const uint32_t slot = slotOf(stream);
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
@@ -325,8 +330,10 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
     checkAlive();
     const auto &a = sliceOf(src, "copy");
     const auto &b = sliceOf(dst, "copy");
-    checkTransferRange(*a, srcOffset, size, "copy source range");
-    checkTransferRange(*b, dstOffset, size, "copy destination range");
+    checkBufferRange(src, srcOffset, size, "copy source range");
+    checkBufferRange(dst, dstOffset, size, "copy destination range");
+    srcOffset += src.offset();
+    dstOffset += dst.offset();
     if (a->memory == b->memory && size != 0) {
         const uint64_t from = a->offset + srcOffset;
         const uint64_t to = b->offset + dstOffset;
@@ -357,11 +364,18 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
                          uint64_t size) {
     checkAlive();
     const auto &slice = sliceOf(buffer, "fill");
-    if (size == UINT64_MAX) size = slice->size - std::min(offset, slice->size);
-    if (offset % 4 != 0 || size % 4 != 0 || offset > slice->size || size > slice->size - offset)
+    if (size == UINT64_MAX) size = buffer.size() - std::min(offset, buffer.size());
+    if (offset % 4 != 0 || size % 4 != 0 || offset > buffer.size() ||
+        size > buffer.size() - offset)
         throw Error(ErrorCode::InvalidArgument, "fill: offset and size must be multiples of 4 "
                                                 "inside the buffer");
     if (size == 0) return;
+    offset += buffer.offset();
+    if (offset % 4 != 0)
+        throw Error(ErrorCode::InvalidArgument,
+                    "fill: the Buffer is a view starting at byte " +
+                        std::to_string(buffer.offset()) +
+                        " of its allocation; a fill must start at a multiple of 4 there");
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;

@@ -1,4 +1,4 @@
-/* The backplane plugin ABI, version 1: the C contract between the core and a device plugin. */
+/* The backplane plugin ABI, version 1.1: the C contract between the core and a device plugin. */
 #ifndef BACKPLANE_ABI_PLUGIN_H
 #define BACKPLANE_ABI_PLUGIN_H
 
@@ -41,7 +41,7 @@ extern "C" {
 
 /* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
 #define BP_ABI_VERSION_MAJOR 1
-#define BP_ABI_VERSION_MINOR 0
+#define BP_ABI_VERSION_MINOR 1
 
 /* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
@@ -72,6 +72,8 @@ typedef enum bp_status {
     BP_ERROR_TIMEOUT = 10,         ///< a host wait ran out of time; the work is still pending
     BP_ERROR_NOT_READY = 11,       ///< an event query found pending work (not a failure)
     BP_ERROR_INTERNAL = 12,        ///< anything else, including a C++ exception caught by the SDK
+    BP_ERROR_REMOTE = 13,          ///< (1.1) a peer of a collective failed, left or timed out;
+                                   ///< the communicator is unusable (destroy it, make a new one)
 } bp_status;
 
 /// Capacity of bp_error::message, including the terminating NUL.
@@ -179,6 +181,9 @@ enum {
     /// kernel_compile produces blobs that stay valid in another process (the core may put them in
     /// its on-disk cache). Host-dialect kernels, for instance, are function pointers: not portable.
     BP_CAPABILITY_PORTABLE_BINARIES = 1u << 5,
+    /// (1.1) comm_id_create, comm_create, comm_destroy, comm_abort, comm_group and collective
+    /// work on this device (bp_device_info::collectives names the engine).
+    BP_CAPABILITY_COLLECTIVES = 1u << 6,
 };
 
 /// What a device is and what it can do. Filled by device_info, which must be cheap (no context).
@@ -205,6 +210,10 @@ typedef struct bp_device_info {
     uint32_t max_streams;           ///< concurrent backend streams worth creating (>= 1)
     uint32_t dialects;              ///< mask of (1u << bp_dialect)
     uint32_t capabilities;          ///< mask of BP_CAPABILITY_*
+    /* ABI 1.1 */
+    /// The collective engine and its version when BP_CAPABILITY_COLLECTIVES is set ("nccl
+    /// 2.28.9", "gloo 0.5.0"); otherwise why not ("libnccl.so.2 not found: ..."), or "".
+    char collectives[256];
 } bp_device_info;
 
 /// Arguments of device_open. Reserved for options; fill struct_size.
@@ -368,6 +377,91 @@ typedef struct bp_launch_args {
 } bp_launch_args;
 
 /* ---------------------------------------------------------------------------------------------
+ * Collectives (ABI 1.1, BP_CAPABILITY_COLLECTIVES)
+ *
+ * A communicator joins `size` ranks, one device each, in one or several processes. One rank
+ * calls comm_id_create; the core hands the id bytes to every rank (its rendezvous), and each rank
+ * calls comm_create with the id, its rank and the size. comm_create returns once every rank
+ * joined, or fails with BP_ERROR_TIMEOUT after timeout_ms. When one process holds several ranks
+ * of a communicator, the core calls their comm_create concurrently, one thread per rank.
+ *
+ * A collective is stream-ordered like a launch: it starts after earlier work of the stream, and
+ * later work waits for it. When one thread issues one collective for several local ranks, the
+ * core brackets those calls with comm_group(begin = 1) ... comm_group(begin = 0) (NCCL's group
+ * semantics); a plugin whose collective call only enqueues may treat the group as a no-op.
+ * Every rank issues the same collectives in the same order (the engines' rule).
+ *
+ * A collective whose peer failed, left or exceeded the timeout fails with BP_ERROR_REMOTE: from
+ * the call when it is known then, otherwise as the error of the stream's next event (event_wait
+ * / event_query), like any failed work. comm_abort makes pending and later collectives of the
+ * communicator fail with BP_ERROR_REMOTE instead of waiting for peers; comm_destroy may follow.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct bp_comm bp_comm; ///< one rank's membership in a communicator
+
+/// Largest id comm_id_create may produce (NCCL's is 128 bytes).
+#define BP_COMM_ID_MAX_BYTES 512
+
+typedef struct bp_comm_create_args {
+    size_t struct_size;
+    const void *id;      ///< bytes from comm_id_create (on any rank, any process)
+    size_t id_size;
+    uint32_t rank;       ///< < size
+    uint32_t size;       ///< ranks in the communicator, >= 1
+    uint64_t timeout_ms; ///< bound on joining and on waiting for peers; 0: the plugin's default
+} bp_comm_create_args;
+
+typedef enum bp_collective {
+    BP_COLLECTIVE_ALL_REDUCE = 0,
+    BP_COLLECTIVE_REDUCE = 1,         ///< result on rank `peer` only
+    BP_COLLECTIVE_BROADCAST = 2,      ///< from rank `peer`
+    BP_COLLECTIVE_ALL_GATHER = 3,
+    BP_COLLECTIVE_REDUCE_SCATTER = 4,
+    BP_COLLECTIVE_SEND = 5,           ///< to rank `peer`
+    BP_COLLECTIVE_RECV = 6,           ///< from rank `peer`
+} bp_collective;
+
+typedef enum bp_data_type {
+    BP_DATA_I8 = 0,
+    BP_DATA_U8 = 1,
+    BP_DATA_I32 = 2,
+    BP_DATA_U32 = 3,
+    BP_DATA_I64 = 4,
+    BP_DATA_U64 = 5,
+    BP_DATA_F16 = 6,
+    BP_DATA_BF16 = 7,
+    BP_DATA_F32 = 8,
+    BP_DATA_F64 = 9,
+} bp_data_type;
+
+typedef enum bp_reduce_op {
+    BP_REDUCE_SUM = 0,
+    BP_REDUCE_PROD = 1,
+    BP_REDUCE_MIN = 2,
+    BP_REDUCE_MAX = 3,
+    BP_REDUCE_AVG = 4, ///< sum divided by the rank count (integer types: truncated)
+} bp_reduce_op;
+
+/// One collective call of one rank. Counts are elements of `type`:
+/// - ALL_REDUCE, REDUCE, BROADCAST, SEND, RECV: `count` elements in send and in recv;
+/// - ALL_GATHER: `count` sent, `count * size` received (rank r's part at r * count);
+/// - REDUCE_SCATTER: `count * size` sent, `count` received (rank r gets part r).
+/// send and recv may be the same range (in place) for ALL_REDUCE, REDUCE and BROADCAST. SEND
+/// ignores recv; RECV ignores send; BROADCAST reads send on the root only.
+typedef struct bp_collective_args {
+    size_t struct_size;
+    bp_collective op;
+    bp_data_type type;
+    bp_reduce_op reduce; ///< ALL_REDUCE, REDUCE and REDUCE_SCATTER
+    uint32_t peer;       ///< root of REDUCE and BROADCAST; the other rank of SEND and RECV
+    bp_memory *send;
+    uint64_t send_offset;
+    bp_memory *recv;
+    uint64_t recv_offset;
+    uint64_t count;
+} bp_collective_args;
+
+/* ---------------------------------------------------------------------------------------------
  * The function table
  * ------------------------------------------------------------------------------------------- */
 
@@ -427,7 +521,8 @@ typedef struct bp_plugin_api {
     bp_status (*stream_flush)(bp_device *device, bp_stream *stream, const bp_flush_args *args,
                               bp_event **out, bp_error *error);
     /// Device-side wait: later work on `stream` starts after `event` completed. The event may
-    /// come from any stream of the same device and stays owned by the caller.
+    /// come from any stream of the same device, or (1.1) of a device that device_peer_access
+    /// reports as a peer of this one, and stays owned by the caller.
     bp_status (*stream_wait_event)(bp_device *device, bp_stream *stream, bp_event *event,
                                    bp_error *error);
     /// Host-side wait, at most timeout_ns (UINT64_MAX: forever). BP_ERROR_TIMEOUT if it ran out;
@@ -473,6 +568,33 @@ typedef struct bp_plugin_api {
     /// The vendor object behind a handle, as an integer (pointer or 64-bit handle).
     bp_status (*native_handle)(bp_device *device, bp_native_kind kind, const void *object,
                                uint64_t *out, bp_error *error);
+
+    /* ABI 1.1: peers ------------------------------------------------------------------------ */
+    /// Sets *out to 1 when copy_peer from `src_device` into `device` works for this pair, and
+    /// stream_wait_event on a stream of either accepts events of the other; 0 otherwise.
+    /// BP_CAPABILITY_PEER_COPY only says that some pair can. May be NULL (then no pair can).
+    bp_status (*device_peer_access)(bp_device *device, bp_device *src_device, uint32_t *out,
+                                    bp_error *error);
+
+    /* ABI 1.1: collectives (see "Collectives" above; all may be NULL) ----------------------- */
+    /// Makes the id of a new communicator: at most `capacity` bytes into `out`, the length in
+    /// *size. Called once per communicator, on one rank.
+    bp_status (*comm_id_create)(bp_plugin *plugin, void *out, size_t capacity, size_t *size,
+                                bp_error *error);
+    /// Joins the communicator as args->rank on `device`; blocks until every rank joined.
+    bp_status (*comm_create)(bp_device *device, const bp_comm_create_args *args, bp_comm **out,
+                             bp_error *error);
+    /// Leaves and frees; the core calls it after the communicator's work completed, or after
+    /// comm_abort.
+    void (*comm_destroy)(bp_device *device, bp_comm *comm);
+    /// Makes pending and later collectives fail with BP_ERROR_REMOTE instead of waiting for
+    /// peers. Any thread, any time, also while a collective runs.
+    void (*comm_abort)(bp_device *device, bp_comm *comm);
+    /// Starts (begin = 1) or ends (begin = 0) a group of collective calls of one thread.
+    bp_status (*comm_group)(bp_plugin *plugin, uint32_t begin, bp_error *error);
+    /// Records one collective of `comm` on `stream` (a stream of `device`).
+    bp_status (*collective)(bp_device *device, bp_stream *stream, bp_comm *comm,
+                            const bp_collective_args *args, bp_error *error);
 } bp_plugin_api;
 
 /// Signature of the entry symbol BP_PLUGIN_ENTRY_SYMBOL. Returns the plugin's static table; the

@@ -133,6 +133,16 @@ public:
     virtual ~Kernel() = default;
 };
 
+/// Base of the plugin's communicator memberships (ABI 1.1). Destroying it leaves the
+/// communicator and frees it.
+class Comm {
+public:
+    virtual ~Comm() = default;
+    /// Makes pending and later collectives fail with BP_ERROR_REMOTE instead of waiting for peers.
+    /// Called from any thread, also while a collective runs.
+    virtual void abort() = 0;
+};
+
 /// A kernel compilation's outputs; `log` is passed to the host even when compile() throws.
 struct CompileOutput {
     std::vector<unsigned char> binary;
@@ -180,6 +190,19 @@ public:
     virtual void launch(Stream &stream, const bp_launch_args &args) = 0;
 
     virtual uint64_t nativeHandle(bp_native_kind, const void *) { unsupported("native_handle"); }
+
+    // ABI 1.1 ------------------------------------------------------------------------------------
+    /// Whether copyPeer from `src` into this device works, and each accepts the other's events in
+    /// waitEvent. Default: no pair.
+    virtual bool peerAccess(Device & /*src*/) { return false; }
+    /// Joins a communicator (BP_CAPABILITY_COLLECTIVES); blocks until every rank joined.
+    virtual std::unique_ptr<Comm> createComm(const bp_comm_create_args &) {
+        unsupported("comm_create");
+    }
+    /// Records one collective on the stream.
+    virtual void collective(Stream &, Comm &, const bp_collective_args &) {
+        unsupported("collective");
+    }
 };
 
 /// The plugin instance: cheap to construct (no contexts), probes and opens devices.
@@ -196,6 +219,12 @@ public:
     virtual bp_probe_result probe() = 0;
     virtual bp_device_info deviceInfo(uint32_t index) = 0;
     virtual std::unique_ptr<Device> open(uint32_t index, const bp_device_open_args &args) = 0;
+
+    // ABI 1.1 ------------------------------------------------------------------------------------
+    /// The id of a new communicator (at most BP_COMM_ID_MAX_BYTES bytes).
+    virtual std::vector<unsigned char> createCommId() { unsupported("comm_id_create"); }
+    /// Starts or ends a group of collective calls of the calling thread. Default: nothing to do.
+    virtual void commGroup(bool /*begin*/) {}
 
     /// Logs through the core's logger (no-op when the host gave no sink).
     void log(bp_log_level level, const std::string &message) const noexcept {
@@ -472,12 +501,101 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
                 result = device(d).nativeHandle(kind, object);
             });
         };
+
+        t.device_peer_access = [](bp_device *d, bp_device *src, uint32_t *out, bp_error *error) {
+            return guard(error, [&] {
+                uint32_t &result = outParam(out, "device_peer_access");
+                result = device(d).peerAccess(device(src)) ? 1u : 0u;
+            });
+        };
+        t.comm_id_create = [](bp_plugin *p, void *out, size_t capacity, size_t *size,
+                              bp_error *error) {
+            return guard(error, [&] {
+                size_t &written = outParam(size, "comm_id_create");
+                if (out == nullptr)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT, "comm_id_create: the buffer is NULL");
+                const std::vector<unsigned char> id = fromHandle<Plugin>(p).createCommId();
+                if (id.size() > capacity)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "comm_id_create: the id takes " + std::to_string(id.size()) +
+                                    " bytes, the buffer has " + std::to_string(capacity));
+                if (!id.empty()) std::memcpy(out, id.data(), id.size());
+                written = id.size();
+            });
+        };
+        t.comm_create = [](bp_device *d, const bp_comm_create_args *args, bp_comm **out,
+                           bp_error *error) {
+            return guard(error, [&] {
+                bp_comm *&result = outParam(out, "comm_create");
+                const auto a = readArgs(args);
+                if (a.size == 0 || a.rank >= a.size)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "comm_create: rank " + std::to_string(a.rank) +
+                                    " is not below size " + std::to_string(a.size));
+                if ((a.id == nullptr && a.id_size != 0) || a.id_size > BP_COMM_ID_MAX_BYTES)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "comm_create: the id (" + std::to_string(a.id_size) +
+                                    " bytes) is NULL or longer than BP_COMM_ID_MAX_BYTES");
+                result = toHandle<bp_comm>(device(d).createComm(a).release());
+            });
+        };
+        t.comm_destroy = [](bp_device *, bp_comm *c) {
+            guardRelease([&] { delete &fromHandle<Comm>(c); });
+        };
+        t.comm_abort = [](bp_device *, bp_comm *c) {
+            guardRelease([&] { fromHandle<Comm>(c).abort(); });
+        };
+        t.comm_group = [](bp_plugin *p, uint32_t begin, bp_error *error) {
+            return guard(error, [&] {
+                if (begin > 1)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "comm_group: begin is 1 (start) or 0 (end), not " +
+                                    std::to_string(begin));
+                fromHandle<Plugin>(p).commGroup(begin == 1);
+            });
+        };
+        t.collective = [](bp_device *d, bp_stream *s, bp_comm *c, const bp_collective_args *args,
+                          bp_error *error) {
+            return guard(error, [&] {
+                const auto a = readArgs(args);
+                if (rawValue(a.op) > BP_COLLECTIVE_RECV)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "collective: op " + std::to_string(rawValue(a.op)) +
+                                    " is not a bp_collective");
+                if (rawValue(a.type) > BP_DATA_F64)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "collective: type " + std::to_string(rawValue(a.type)) +
+                                    " is not a bp_data_type");
+                if (rawValue(a.reduce) > BP_REDUCE_AVG)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "collective: reduce " + std::to_string(rawValue(a.reduce)) +
+                                    " is not a bp_reduce_op");
+                device(d).collective(fromHandle<Stream>(s), fromHandle<Comm>(c), a);
+            });
+        };
         return t;
     }();
     return &api;
 }
 
 } // namespace detail
+
+/// Bytes of one element of a bp_data_type (read as an integer); 0 for a value that is none.
+inline size_t dataTypeSize(const bp_data_type &type) noexcept {
+    switch (rawValue(type)) {
+    case BP_DATA_I8:
+    case BP_DATA_U8: return 1;
+    case BP_DATA_F16:
+    case BP_DATA_BF16: return 2;
+    case BP_DATA_I32:
+    case BP_DATA_U32:
+    case BP_DATA_F32: return 4;
+    case BP_DATA_I64:
+    case BP_DATA_U64:
+    case BP_DATA_F64: return 8;
+    default: return 0;
+    }
+}
 
 /// Downcast helper for the handle base classes: `auto &m = sdk::as<MyMemory>(memory);`.
 template <class Derived, class Base> Derived &as(Base &object) {
@@ -488,7 +606,9 @@ template <class Derived, class Handle> Derived &as(Handle *handle) {
     using Base = std::conditional_t<
         std::is_same_v<Handle, bp_memory>, Memory,
         std::conditional_t<std::is_same_v<Handle, bp_kernel>, Kernel,
-                           std::conditional_t<std::is_same_v<Handle, bp_event>, Event, Stream>>>;
+                           std::conditional_t<std::is_same_v<Handle, bp_event>, Event,
+                                              std::conditional_t<std::is_same_v<Handle, bp_comm>,
+                                                                 Comm, Stream>>>>;
     return static_cast<Derived &>(detail::fromHandle<Base>(handle));
 }
 

@@ -1,0 +1,206 @@
+// backplane::Rendezvous (how the processes of a communicator find each other) and the Communicator.
+#pragma once
+
+#include <backplane/buffer.hpp>
+#include <backplane/client.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace backplane {
+
+/// How the processes of a communicator find each other. One object per process; every process
+/// of the communicator calls the same methods in the same order. An application may implement
+/// it (an MPI program: allGather with MPI_Allgather + MPI_Allgatherv on its communicator).
+///
+/// The built-in ones below: one thread at a time per object; contributions of at most 64 MiB;
+/// `timeout` must be positive; after any throw the object is unusable (later calls throw
+/// Error(InvalidArgument) naming the first failure): make a new one, in a new directory or on
+/// fresh connections. A peer that closes its connection, dies or sends malformed data gives
+/// Error(Remote) naming that process, never a crash, a signal or an unbounded wait.
+class Rendezvous {
+public:
+    virtual ~Rendezvous() = default;
+    /// This process's index among the processes (0-based) and how many there are.
+    virtual uint32_t process() const = 0;
+    virtual uint32_t processCount() const = 0;
+    /// Every process contributes `mine`; returns every process's bytes, by process index.
+    /// Throws backplane::Error(ErrorCode::Timeout) naming the step and the missing processes when
+    /// `timeout` passes, Error(ErrorCode::InvalidArgument) for inconsistent use.
+    virtual std::vector<std::vector<std::byte>> allGather(std::span<const std::byte> mine,
+                                                          std::chrono::milliseconds timeout) = 0;
+};
+
+/// One process (all ranks local): allGather returns {mine}.
+std::unique_ptr<Rendezvous> localRendezvous();
+
+/// Processes sharing a directory (NFS, a node's /tmp): `directory` must be empty or new for each
+/// job/communicator generation; files are written atomically (temp + rename). Created if missing.
+/// Throws Error(InvalidArgument) when process >= processCount, and when the directory already
+/// holds files of this process or of a later step (a directory reused from an earlier job).
+std::unique_ptr<Rendezvous> directoryRendezvous(const std::string &directory, uint32_t process,
+                                                uint32_t processCount);
+
+/// Process 0 listens on the port of `address` ("host:port", "[v6addr]:port") on every interface;
+/// the others connect to it, retrying until `connectTimeout`. The port must be fixed (1-65535):
+/// port 0 is refused with Error(InvalidArgument), since the others must know it. Returns once
+/// connected: process 0 when all processCount-1 others have connected and introduced themselves,
+/// the others when process 0 accepted them. Throws Error(Timeout) naming the address and the
+/// processes that did not connect; Error(InvalidArgument) for a malformed address, a host that
+/// does not resolve, a port in use, a server there that is not a backplane rendezvous, or a peer
+/// with another processCount or a duplicate process index (process 0 tells that peer why).
+std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
+                                          uint32_t processCount,
+                                          std::chrono::milliseconds connectTimeout);
+
+/// This process's place among the processes of a launcher, and which variables said so.
+struct LaunchEnvironment {
+    uint32_t process = 0;
+    uint32_t processCount = 1;
+    /// The variables it came from ("OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"); "" when none
+    /// was set (one process).
+    std::string source;
+};
+
+/// From the environment of common launchers: BACKPLANE_RANK/BACKPLANE_WORLD_SIZE (backplane's
+/// own), Open MPI (OMPI_COMM_WORLD_RANK/SIZE), MPICH/PMI (PMI_RANK/PMI_SIZE), Slurm
+/// (SLURM_PROCID/SLURM_NTASKS), in that order: the first launcher whose rank variable is set
+/// wins (backplane's own: either of its two; a launcher's job-wide size alone, as SLURM_NTASKS in
+/// an salloc shell, does not count). None set: process 0 of 1, source "". Throws Error(Config)
+/// naming the variables when the chosen pair is incomplete or inconsistent (rank >= size, size
+/// 0, empty, anything but decimal digits, above 4294967295).
+LaunchEnvironment launchEnvironment();
+
+/// The rendezvous the environment describes: launchEnvironment() plus BACKPLANE_RENDEZVOUS =
+/// "dir:/path" or "tcp:host:port"; without it, MASTER_ADDR and MASTER_PORT (as torchrun sets
+/// them) mean "tcp:MASTER_ADDR:MASTER_PORT"; without either, localRendezvous() for one process.
+/// Throws Error(Config) naming the variables when several processes have no rendezvous, when
+/// BACKPLANE_RENDEZVOUS is malformed or only one of MASTER_ADDR/MASTER_PORT is set; otherwise
+/// what directoryRendezvous/tcpRendezvous throw.
+std::unique_ptr<Rendezvous> rendezvousFromEnvironment(std::chrono::milliseconds connectTimeout);
+
+// ----- collectives ------------------------------------------------------------------------------
+
+class Runtime; // backplane/runtime.hpp
+
+namespace detail {
+struct CommunicatorState;
+} // namespace detail
+
+/// Element types of collectives (mirrors bp_data_type).
+enum class DataType { I8 = 0, U8, I32, U32, I64, U64, F16, BF16, F32, F64 };
+/// Reductions (mirrors bp_reduce_op). Avg: the sum divided by the rank count (integers truncate).
+enum class ReduceOp { Sum = 0, Prod, Min, Max, Avg };
+/// Bytes of one element.
+size_t sizeOf(DataType type) noexcept;
+/// "f32", "sum"...
+const char *toString(DataType type) noexcept;
+const char *toString(ReduceOp op) noexcept;
+
+/// How a Communicator is made.
+struct CommunicatorOptions {
+    /// Bound on every rendezvous step and on joining the engine's communicator.
+    std::chrono::milliseconds timeout{60000};
+    /// Use the staged path through host memory even where every rank's plugin has collectives
+    /// (for comparisons and tests). Every process must pass the same value.
+    bool forceStaged = false;
+    /// The host-plugin client the staged path uses between processes (Gloo through the host
+    /// plugin). Communicator::create(Runtime&, ...) opens one when it needs it; with the other
+    /// overload, pass one when the staged path may span several processes.
+    std::optional<ComputeClient> hostClient;
+};
+
+/// Collective operations over ranks: devices of this process and of other processes found
+/// through a Rendezvous. Rank numbers: processes in rendezvous order, each process's devices in
+/// the order given. Every process issues the same operations in the same order (the engines'
+/// rule); each call covers all of this process's ranks: the buffer spans hold one Buffer per
+/// local device, in order (a single Buffer for a process with one device).
+///
+/// Engines, chosen once at create() and the same on every process: when every rank's device
+/// comes from one plugin with collectives (BP_CAPABILITY_COLLECTIVES: NCCL for cuda, RCCL for
+/// hip, Gloo for host), that plugin's communicator; otherwise the staged path: the bytes go
+/// through host memory, are reduced on the host, and cross processes with the host plugin's
+/// Gloo. engine() says which.
+///
+/// Stream order: each rank's part runs on the calling thread's current stream of its device,
+/// ordered after earlier work on the buffers (every stream) and before later work, exactly
+/// like a kernel launch. Native engines are asynchronous; the staged path returns once its
+/// results are written (stream-ordered like write()).
+///
+/// Counts are elements of `type`: allReduce, reduce, broadcast, send and recv move `count`
+/// elements per rank; allGather sends `count` and receives `count * size()` (rank r at
+/// r * count); reduceScatter sends `count * size()` and receives `count` (part r on rank r).
+/// Buffers may be views; send and recv may be the same buffer for allReduce, reduce and
+/// broadcast. Errors: Error(InvalidArgument) before anything runs for a buffer that is too
+/// small, of another device, or a bad root/peer; Error(Remote) when a peer failed or left (the
+/// communicator is then unusable: abort() it and make a new one); Error(Timeout) from create.
+/// Thread-safety: one thread at a time per Communicator (the order of operations matters).
+class Communicator {
+public:
+    Communicator() = default;
+    /// Joins every process of `rendezvous` (blocking, bounded by options.timeout).
+    static Communicator create(std::vector<ComputeClient> devices, Rendezvous &rendezvous,
+                               CommunicatorOptions options = {});
+    /// Same, opening the host plugin's device from `runtime` when the staged path needs it.
+    static Communicator create(const Runtime &runtime, std::vector<ComputeClient> devices,
+                               Rendezvous &rendezvous, CommunicatorOptions options = {});
+
+    /// Ranks in all processes.
+    uint32_t size() const;
+    /// Ranks of this process (its devices).
+    uint32_t localSize() const;
+    /// The global rank of this process's device `local`.
+    uint32_t rank(size_t local = 0) const;
+    /// "nccl 2.28.9", "gloo 0.5.0 (tcp)", "staged (host memory; gloo between processes)".
+    std::string engine() const;
+    /// True when the staged path is in use.
+    bool staged() const;
+
+    void allReduce(std::span<const Buffer> send, std::span<const Buffer> recv, uint64_t count,
+                   DataType type, ReduceOp op);
+    void reduce(std::span<const Buffer> send, std::span<const Buffer> recv, uint64_t count,
+                DataType type, ReduceOp op, uint32_t root);
+    void broadcast(std::span<const Buffer> send, std::span<const Buffer> recv, uint64_t count,
+                   DataType type, uint32_t root);
+    void allGather(std::span<const Buffer> send, std::span<const Buffer> recv, uint64_t count,
+                   DataType type);
+    void reduceScatter(std::span<const Buffer> send, std::span<const Buffer> recv, uint64_t count,
+                       DataType type, ReduceOp op);
+    /// Point to point, for local device `local`: sends to / receives from global rank `peer`.
+    /// Between two ranks of one process, call send before the matching recv, or put both in a
+    /// group.
+    void send(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
+              size_t local = 0);
+    void recv(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
+              size_t local = 0);
+    /// Collectives between groupStart and groupEnd are issued together (NCCL's group
+    /// semantics): needed for send/recv pairs between ranks that one thread drives.
+    void groupStart();
+    void groupEnd();
+
+    /// Single-buffer forms for a process with one device.
+    void allReduce(const Buffer &send, const Buffer &recv, uint64_t count, DataType type,
+                   ReduceOp op) {
+        allReduce(std::span(&send, 1), std::span(&recv, 1), count, type, op);
+    }
+    void broadcast(const Buffer &send, const Buffer &recv, uint64_t count, DataType type,
+                   uint32_t root) {
+        broadcast(std::span(&send, 1), std::span(&recv, 1), count, type, root);
+    }
+
+    /// Makes pending and later operations fail with Error(Remote) instead of waiting for peers
+    /// (e.g. when the application learns that another process died). The communicator is then
+    /// unusable.
+    void abort();
+
+private:
+    std::shared_ptr<detail::CommunicatorState> state_;
+};
+
+} // namespace backplane

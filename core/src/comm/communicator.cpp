@@ -1,0 +1,749 @@
+// Communicator: collectives over ranks of one or several processes, on the plugins' engines
+// (NCCL, RCCL, Gloo) or, for any other mix of devices, staged through host memory.
+#include "comm/host_reduce.hpp"
+#include "server/compute_server.hpp"
+
+#include <backplane/communicator.hpp>
+#include <backplane/log.hpp>
+#include <backplane/runtime.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <future>
+#include <map>
+#include <thread>
+
+namespace backplane {
+
+size_t sizeOf(DataType type) noexcept {
+    switch (type) {
+    case DataType::I8:
+    case DataType::U8: return 1;
+    case DataType::F16:
+    case DataType::BF16: return 2;
+    case DataType::I32:
+    case DataType::U32:
+    case DataType::F32: return 4;
+    case DataType::I64:
+    case DataType::U64:
+    case DataType::F64: return 8;
+    }
+    return 0;
+}
+
+const char *toString(DataType type) noexcept {
+    switch (type) {
+    case DataType::I8: return "i8";
+    case DataType::U8: return "u8";
+    case DataType::I32: return "i32";
+    case DataType::U32: return "u32";
+    case DataType::I64: return "i64";
+    case DataType::U64: return "u64";
+    case DataType::F16: return "f16";
+    case DataType::BF16: return "bf16";
+    case DataType::F32: return "f32";
+    case DataType::F64: return "f64";
+    }
+    return "unknown";
+}
+
+const char *toString(ReduceOp op) noexcept {
+    switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Prod: return "prod";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Avg: return "avg";
+    }
+    return "unknown";
+}
+
+namespace detail {
+
+using Bytes = std::vector<std::byte>;
+
+/// What one process says about itself in the first rendezvous step.
+struct ProcessDescriptor {
+    uint32_t ranks = 0;
+    std::vector<std::string> plugins;    ///< per local rank
+    std::vector<bool> collectives;       ///< per local rank: the plugin has an engine
+    bool forceStaged = false;
+};
+
+struct CommunicatorState {
+    std::vector<ComputeClient> clients;
+    std::vector<std::shared_ptr<ComputeServer>> servers;
+    uint32_t process = 0;
+    uint32_t processCount = 1;
+    uint32_t firstRank = 0; ///< global rank of local device 0
+    uint32_t worldSize = 0;
+    std::vector<uint32_t> processOfRank; ///< global rank -> process
+    std::string engine;
+    bool staged = false;
+    bool grouped = false;
+    std::atomic<bool> aborted{false};
+
+    // native engine
+    std::vector<CommOwner> comms; ///< per local rank
+
+    // staged engine
+    std::optional<ComputeClient> host;       ///< between processes (processCount > 1)
+    std::shared_ptr<ComputeServer> hostServer;
+    CommOwner processComm;                   ///< ranks = processes, on the host plugin
+    std::map<std::pair<uint32_t, uint32_t>, std::deque<Bytes>> mailbox; ///< (from, to) -> sends
+    /// Point-to-point operations of a staged group: at groupEnd every `post` runs inside one
+    /// group of the host plugin (so a ring of sends and recvs between processes cannot wait on
+    /// each other), then every `finish` in order.
+    struct Deferred {
+        std::function<void()> post;
+        std::function<void()> finish;
+    };
+    std::vector<Deferred> deferred;
+
+    ~CommunicatorState() {
+        // A collective still pending uses its communicator: wait for the streams first. A device
+        // that failed cannot be waited for; its communicator is aborted instead.
+        for (size_t i = 0; i < servers.size() && i < comms.size(); ++i) {
+            try {
+                servers[i]->syncAll();
+            } catch (...) {
+                if (comms[i]) servers[i]->driver().commAbort(comms[i].get());
+            }
+        }
+        if (hostServer && processComm) {
+            try {
+                hostServer->syncAll();
+            } catch (...) {
+                hostServer->driver().commAbort(processComm.get());
+            }
+        }
+    }
+
+    StreamId stream() const { return ComputeClient::currentStream(); }
+    void checkUsable(const char *what) const {
+        if (aborted.load())
+            throw Error(ErrorCode::Remote,
+                        std::string(what) + ": the communicator was aborted; make a new one");
+    }
+};
+
+namespace {
+
+constexpr const char *kStagedEngine = "staged (host memory; gloo between processes)";
+
+[[noreturn]] void invalid(const std::string &what, const std::string &why) {
+    throw Error(ErrorCode::InvalidArgument, what + ": " + why);
+}
+
+Bytes toBytes(const std::string &text) {
+    Bytes out(text.size());
+    std::memcpy(out.data(), text.data(), text.size());
+    return out;
+}
+
+std::string toText(const Bytes &bytes) {
+    return std::string(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+}
+
+ProcessDescriptor parseDescriptor(const Bytes &bytes, uint32_t process) {
+    try {
+        const auto j = nlohmann::json::parse(toText(bytes));
+        ProcessDescriptor d;
+        d.ranks = j.at("ranks").get<uint32_t>();
+        d.plugins = j.at("plugins").get<std::vector<std::string>>();
+        d.collectives = j.at("collectives").get<std::vector<bool>>();
+        d.forceStaged = j.at("force_staged").get<bool>();
+        if (d.plugins.size() != d.ranks || d.collectives.size() != d.ranks || d.ranks == 0)
+            throw std::runtime_error("inconsistent rank lists");
+        return d;
+    } catch (const std::exception &e) {
+        throw Error(ErrorCode::InvalidArgument,
+                    "Communicator::create: process " + std::to_string(process) +
+                        " sent a malformed description of its ranks (" + e.what() +
+                        "); every process must run the same backplane version");
+    }
+}
+
+/// Joins `comms[i]` for every local server concurrently (a plugin's comm_create returns once
+/// every rank joined, so ranks of one process must join from separate threads).
+std::vector<CommOwner> joinAll(const std::vector<Driver *> &drivers, const Bytes &id,
+                               uint32_t firstRank, uint32_t size, uint64_t timeoutMs) {
+    std::vector<std::future<CommOwner>> joins;
+    for (size_t i = 0; i < drivers.size(); ++i)
+        joins.push_back(std::async(std::launch::async, [&, i] {
+            return drivers[i]->commCreate(id, firstRank + static_cast<uint32_t>(i), size,
+                                          timeoutMs);
+        }));
+    std::vector<CommOwner> comms;
+    std::exception_ptr failure;
+    for (auto &j : joins) {
+        try {
+            comms.push_back(j.get());
+        } catch (...) {
+            if (!failure) failure = std::current_exception();
+        }
+    }
+    if (failure) {
+        for (size_t i = 0; i < comms.size(); ++i) drivers[i]->commAbort(comms[i].get());
+        std::rethrow_exception(failure);
+    }
+    return comms;
+}
+
+/// The id bytes process 0 made, handed to every process through the rendezvous.
+Bytes shareId(Rendezvous &rendezvous, uint32_t process, const std::function<Bytes()> &make,
+              std::chrono::milliseconds timeout) {
+    const Bytes mine = process == 0 ? make() : Bytes{};
+    const std::vector<Bytes> all = rendezvous.allGather(mine, timeout);
+    if (all.empty() || all[0].empty())
+        throw Error(ErrorCode::InvalidArgument,
+                    "Communicator::create: process 0 sent no communicator id");
+    return all[0];
+}
+
+} // namespace
+
+// ----- the staged engine ------------------------------------------------------------------------
+
+namespace {
+
+/// The bytes of `buffer` (count elements), read on the current stream.
+Bytes readAll(ComputeServer &server, StreamId stream, const Buffer &buffer, uint64_t bytes) {
+    Bytes out(bytes);
+    if (bytes != 0) server.readInto(stream, buffer, 0, out.data(), bytes);
+    return out;
+}
+
+void writeAll(ComputeServer &server, StreamId stream, const Buffer &buffer, const Bytes &data,
+              uint64_t offset = 0, uint64_t bytes = UINT64_MAX) {
+    if (bytes == UINT64_MAX) bytes = data.size() - offset;
+    if (bytes != 0) server.write(stream, buffer, 0, data.data() + offset, bytes);
+}
+
+/// A collective of the process communicator recorded on the host plugin, its result not read yet.
+struct ProcessPending {
+    Buffer recv;
+    uint64_t recvBytes = 0;
+};
+
+/// Records one collective of the process communicator over `data` (host memory) on the host
+/// plugin; finishProcess reads its result.
+ProcessPending postProcess(CommunicatorState &s, bp_collective op, DataType type, ReduceOp reduce,
+                           uint32_t peer, const Bytes &data, uint64_t count, uint64_t recvBytes) {
+    ComputeServer &host = *s.hostServer;
+    const StreamId stream = s.stream();
+    const uint64_t sendBytes = data.size();
+    Buffer send = host.empty(stream, std::max<uint64_t>(sendBytes, 1));
+    Buffer recv = host.empty(stream, std::max<uint64_t>(recvBytes, 1));
+    if (sendBytes != 0) host.write(stream, send, 0, data.data(), sendBytes);
+    bp_collective_args args{};
+    args.struct_size = sizeof(args);
+    args.op = op;
+    args.type = static_cast<bp_data_type>(type);
+    args.reduce = static_cast<bp_reduce_op>(reduce);
+    args.peer = peer;
+    args.count = count;
+    host.collective(stream, s.processComm.get(), args, &send, sendBytes, &recv, recvBytes,
+                    "staged collective between processes");
+    return {recv, recvBytes};
+}
+
+Bytes finishProcess(CommunicatorState &s, const ProcessPending &pending) {
+    return readAll(*s.hostServer, s.stream(), pending.recv, pending.recvBytes);
+}
+
+/// postProcess, then its result.
+Bytes processCollective(CommunicatorState &s, bp_collective op, DataType type, ReduceOp reduce,
+                        uint32_t peer, const Bytes &data, uint64_t count, uint64_t recvBytes) {
+    return finishProcess(s, postProcess(s, op, type, reduce, peer, data, count, recvBytes));
+}
+
+/// The reduction of every local rank's bytes, then (several processes) of every process's.
+/// Avg is summed here; the caller divides.
+Bytes reduceEverywhere(CommunicatorState &s, std::span<const Buffer> send, uint64_t count,
+                       DataType type, ReduceOp op) {
+    const uint64_t bytes = count * sizeOf(type);
+    const ReduceOp partial = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+    Bytes acc = readAll(*s.servers[0], s.stream(), send[0], bytes);
+    for (size_t i = 1; i < send.size(); ++i)
+        reduceInto(acc, readAll(*s.servers[i], s.stream(), send[i], bytes), type, partial);
+    if (s.processCount > 1)
+        acc = processCollective(s, BP_COLLECTIVE_ALL_REDUCE, type, partial, 0, acc, count, bytes);
+    if (op == ReduceOp::Avg) divideBy(acc, type, s.worldSize);
+    return acc;
+}
+
+} // namespace
+
+} // namespace detail
+
+using detail::Bytes;
+using detail::CommunicatorState;
+
+// ----- create -----------------------------------------------------------------------------------
+
+Communicator Communicator::create(std::vector<ComputeClient> devices, Rendezvous &rendezvous,
+                                  CommunicatorOptions options) {
+    if (devices.empty()) detail::invalid("Communicator::create", "no device given");
+    if (options.timeout.count() <= 0)
+        detail::invalid("Communicator::create", "the timeout must be positive");
+    auto s = std::make_shared<CommunicatorState>();
+    s->clients = devices;
+    for (const ComputeClient &c : devices) s->servers.push_back(detail::serverOf(c));
+    for (size_t i = 0; i < s->servers.size(); ++i)
+        for (size_t j = 0; j < i; ++j)
+            if (s->servers[i] == s->servers[j])
+                detail::invalid("Communicator::create",
+                                "device " + std::to_string(i) + " (" +
+                                    s->servers[i]->info().id() + ") is given twice; each rank "
+                                    "needs its own device");
+    s->process = rendezvous.process();
+    s->processCount = rendezvous.processCount();
+
+    // Step 1: every process says what its ranks are; all choose the same engine from that.
+    nlohmann::json mine = {{"ranks", devices.size()},
+                           {"plugins", nlohmann::json::array()},
+                           {"collectives", nlohmann::json::array()},
+                           {"force_staged", options.forceStaged}};
+    for (const auto &server : s->servers) {
+        mine["plugins"].push_back(server->info().backend);
+        mine["collectives"].push_back(server->asyncStreams() && server->driver().hasCollectives());
+    }
+    const std::vector<Bytes> all = rendezvous.allGather(detail::toBytes(mine.dump()), options.timeout);
+    if (all.size() != s->processCount)
+        detail::invalid("Communicator::create", "the rendezvous returned " +
+                                                    std::to_string(all.size()) + " answers for " +
+                                                    std::to_string(s->processCount) + " processes");
+    bool native = true;
+    std::string plugin;
+    for (uint32_t p = 0; p < s->processCount; ++p) {
+        const detail::ProcessDescriptor d = detail::parseDescriptor(all[p], p);
+        if (p == s->process) s->firstRank = s->worldSize;
+        for (uint32_t r = 0; r < d.ranks; ++r) {
+            s->processOfRank.push_back(p);
+            if (plugin.empty()) plugin = d.plugins[r];
+            native = native && !d.forceStaged && d.collectives[r] && d.plugins[r] == plugin;
+        }
+        s->worldSize += d.ranks;
+    }
+    const uint64_t timeoutMs = static_cast<uint64_t>(options.timeout.count());
+
+    if (native) {
+        // Step 2: process 0 makes the engine's id; every local rank joins with it.
+        detail::Driver &first = s->servers[0]->driver();
+        const Bytes id = detail::shareId(
+            rendezvous, s->process, [&] { return first.commIdCreate(); }, options.timeout);
+        std::vector<detail::Driver *> drivers;
+        for (const auto &server : s->servers) drivers.push_back(&server->driver());
+        s->comms = detail::joinAll(drivers, id, s->firstRank, s->worldSize, timeoutMs);
+        s->engine = s->servers[0]->info().collectives;
+        if (s->engine.empty()) s->engine = plugin;
+    } else {
+        s->staged = true;
+        s->engine = detail::kStagedEngine;
+        if (s->processCount > 1) {
+            if (!options.hostClient)
+                detail::invalid("Communicator::create",
+                                "the staged path between processes runs on the host plugin's "
+                                "Gloo: pass CommunicatorOptions::hostClient, or use "
+                                "Communicator::create(runtime, ...)");
+            s->host = *options.hostClient;
+            s->hostServer = detail::serverOf(*s->host);
+            detail::Driver &host = s->hostServer->driver();
+            if (!host.hasCollectives())
+                detail::invalid("Communicator::create",
+                                "the staged path between processes needs the host plugin's "
+                                "collectives, and " + s->hostServer->info().id() +
+                                    " has none (" + s->hostServer->info().collectives + ")");
+            const Bytes id = detail::shareId(
+                rendezvous, s->process, [&] { return host.commIdCreate(); }, options.timeout);
+            std::vector<detail::Driver *> one{&host};
+            s->processComm =
+                std::move(detail::joinAll(one, id, s->process, s->processCount, timeoutMs).front());
+        }
+    }
+    log::write(log::Subsystem::Streams, log::Level::Info,
+               "communicator: " + std::to_string(s->worldSize) + " ranks in " +
+                   std::to_string(s->processCount) + " processes, engine " + s->engine);
+    Communicator c;
+    c.state_ = std::move(s);
+    return c;
+}
+
+Communicator Communicator::create(const Runtime &runtime, std::vector<ComputeClient> devices,
+                                  Rendezvous &rendezvous, CommunicatorOptions options) {
+    if (!options.hostClient && rendezvous.processCount() > 1) {
+        // The staged path between processes needs a host-plugin client: reuse one of the
+        // devices when it is one, otherwise open the host plugin's device.
+        for (const ComputeClient &c : devices)
+            if (c.device().backend == "host") options.hostClient = c;
+        if (!options.hostClient) {
+            try {
+                options.hostClient = runtime.open(runtime.select("host"));
+            } catch (const Error &) {
+                // Only needed for the staged path: create() says so if it comes to that.
+            }
+        }
+    }
+    return create(std::move(devices), rendezvous, std::move(options));
+}
+
+// ----- accessors --------------------------------------------------------------------------------
+
+namespace {
+CommunicatorState &stateOf(const std::shared_ptr<CommunicatorState> &state, const char *what) {
+    if (!state)
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string("Communicator::") + what +
+                        ": the Communicator is empty (default-constructed)");
+    return *state;
+}
+} // namespace
+
+uint32_t Communicator::size() const { return stateOf(state_, "size").worldSize; }
+uint32_t Communicator::localSize() const {
+    return static_cast<uint32_t>(stateOf(state_, "localSize").servers.size());
+}
+uint32_t Communicator::rank(size_t local) const {
+    CommunicatorState &s = stateOf(state_, "rank");
+    if (local >= s.servers.size())
+        detail::invalid("Communicator::rank", "local device " + std::to_string(local) +
+                                                  " of " + std::to_string(s.servers.size()));
+    return s.firstRank + static_cast<uint32_t>(local);
+}
+std::string Communicator::engine() const { return stateOf(state_, "engine").engine; }
+bool Communicator::staged() const { return stateOf(state_, "staged").staged; }
+
+void Communicator::abort() {
+    CommunicatorState &s = stateOf(state_, "abort");
+    s.aborted = true;
+    for (size_t i = 0; i < s.comms.size(); ++i)
+        if (s.comms[i]) s.servers[i]->driver().commAbort(s.comms[i].get());
+    if (s.processComm) s.hostServer->driver().commAbort(s.processComm.get());
+}
+
+// ----- operations -------------------------------------------------------------------------------
+
+namespace {
+
+/// Checks the spans: one buffer per local device.
+void checkSpans(const CommunicatorState &s, std::span<const Buffer> send,
+                std::span<const Buffer> recv, const char *what) {
+    if (send.size() != s.servers.size() || recv.size() != s.servers.size())
+        detail::invalid(std::string("Communicator::") + what,
+                        "give one send and one receive Buffer per local device (" +
+                            std::to_string(s.servers.size()) + "); got " +
+                            std::to_string(send.size()) + " and " + std::to_string(recv.size()));
+}
+
+void checkRoot(const CommunicatorState &s, uint32_t root, const char *what) {
+    if (root >= s.worldSize)
+        detail::invalid(std::string("Communicator::") + what,
+                        "rank " + std::to_string(root) + " is not below the size " +
+                            std::to_string(s.worldSize));
+}
+
+uint64_t bytesOf(uint64_t count, DataType type, uint64_t times, const char *what) {
+    const uint64_t es = sizeOf(type);
+    if (es == 0) detail::invalid(std::string("Communicator::") + what, "unknown data type");
+    if (count > UINT64_MAX / es / std::max<uint64_t>(times, 1))
+        detail::invalid(std::string("Communicator::") + what, "the byte count overflows");
+    return count * es * times;
+}
+
+/// One native collective for every local rank, grouped when there are several.
+void nativeAll(CommunicatorState &s, bp_collective op, std::span<const Buffer> send,
+               std::span<const Buffer> recv, uint64_t count, DataType type, ReduceOp reduce,
+               uint32_t peer, uint64_t sendBytes, uint64_t recvBytes, const char *what) {
+    const bool group = s.servers.size() > 1 && !s.grouped;
+    detail::Driver &driver = s.servers[0]->driver();
+    if (group) driver.commGroup(true);
+    try {
+        for (size_t i = 0; i < s.servers.size(); ++i) {
+            bp_collective_args args{};
+            args.struct_size = sizeof(args);
+            args.op = op;
+            args.type = static_cast<bp_data_type>(type);
+            args.reduce = static_cast<bp_reduce_op>(reduce);
+            args.peer = peer;
+            args.count = count;
+            const bool noSend = op == BP_COLLECTIVE_RECV;
+            const bool noRecv = op == BP_COLLECTIVE_SEND;
+            s.servers[i]->collective(s.stream(), s.comms[i].get(), args,
+                                     noSend ? nullptr : &send[i], sendBytes,
+                                     noRecv ? nullptr : &recv[i], recvBytes,
+                                     std::string("Communicator::") + what);
+        }
+    } catch (...) {
+        if (group) driver.commGroup(false);
+        throw;
+    }
+    if (group) driver.commGroup(false);
+}
+
+} // namespace
+
+void Communicator::allReduce(std::span<const Buffer> send, std::span<const Buffer> recv,
+                             uint64_t count, DataType type, ReduceOp op) {
+    CommunicatorState &s = stateOf(state_, "allReduce");
+    s.checkUsable("allReduce");
+    checkSpans(s, send, recv, "allReduce");
+    const uint64_t bytes = bytesOf(count, type, 1, "allReduce");
+    if (!s.staged)
+        return nativeAll(s, BP_COLLECTIVE_ALL_REDUCE, send, recv, count, type, op, 0, bytes, bytes,
+                         "allReduce");
+    for (size_t i = 0; i < s.servers.size(); ++i) {
+        detail::checkBufferRange(send[i], 0, bytes, "Communicator::allReduce: the send buffer");
+        detail::checkBufferRange(recv[i], 0, bytes, "Communicator::allReduce: the receive buffer");
+    }
+    const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
+    for (size_t i = 0; i < s.servers.size(); ++i)
+        detail::writeAll(*s.servers[i], s.stream(), recv[i], result);
+}
+
+void Communicator::reduce(std::span<const Buffer> send, std::span<const Buffer> recv,
+                          uint64_t count, DataType type, ReduceOp op, uint32_t root) {
+    CommunicatorState &s = stateOf(state_, "reduce");
+    s.checkUsable("reduce");
+    checkSpans(s, send, recv, "reduce");
+    checkRoot(s, root, "reduce");
+    const uint64_t bytes = bytesOf(count, type, 1, "reduce");
+    if (!s.staged)
+        return nativeAll(s, BP_COLLECTIVE_REDUCE, send, recv, count, type, op, root, bytes, bytes,
+                         "reduce");
+    for (size_t i = 0; i < s.servers.size(); ++i)
+        detail::checkBufferRange(send[i], 0, bytes, "Communicator::reduce: the send buffer");
+    // Staged: the reduction reaches every process (an all-reduce), only the root writes it.
+    const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
+    if (root >= s.firstRank && root < s.firstRank + s.servers.size()) {
+        const size_t local = root - s.firstRank;
+        detail::checkBufferRange(recv[local], 0, bytes, "Communicator::reduce: the receive buffer");
+        detail::writeAll(*s.servers[local], s.stream(), recv[local], result);
+    }
+}
+
+void Communicator::broadcast(std::span<const Buffer> send, std::span<const Buffer> recv,
+                             uint64_t count, DataType type, uint32_t root) {
+    CommunicatorState &s = stateOf(state_, "broadcast");
+    s.checkUsable("broadcast");
+    checkSpans(s, send, recv, "broadcast");
+    checkRoot(s, root, "broadcast");
+    const uint64_t bytes = bytesOf(count, type, 1, "broadcast");
+    if (!s.staged)
+        return nativeAll(s, BP_COLLECTIVE_BROADCAST, send, recv, count, type, ReduceOp::Sum, root,
+                         bytes, bytes, "broadcast");
+    for (size_t i = 0; i < s.servers.size(); ++i)
+        detail::checkBufferRange(recv[i], 0, bytes, "Communicator::broadcast: the receive buffer");
+    Bytes data;
+    const bool rootHere = root >= s.firstRank && root < s.firstRank + s.servers.size();
+    if (rootHere) {
+        const size_t local = root - s.firstRank;
+        detail::checkBufferRange(send[local], 0, bytes, "Communicator::broadcast: the send buffer");
+        data = detail::readAll(*s.servers[local], s.stream(), send[local], bytes);
+    } else {
+        data.assign(bytes, std::byte{0});
+    }
+    if (s.processCount > 1)
+        data = detail::processCollective(s, BP_COLLECTIVE_BROADCAST, type, ReduceOp::Sum,
+                                         s.processOfRank[root], data, count, bytes);
+    for (size_t i = 0; i < s.servers.size(); ++i)
+        detail::writeAll(*s.servers[i], s.stream(), recv[i], data);
+}
+
+void Communicator::allGather(std::span<const Buffer> send, std::span<const Buffer> recv,
+                             uint64_t count, DataType type) {
+    CommunicatorState &s = stateOf(state_, "allGather");
+    s.checkUsable("allGather");
+    checkSpans(s, send, recv, "allGather");
+    const uint64_t bytes = bytesOf(count, type, 1, "allGather");
+    const uint64_t total = bytesOf(count, type, s.worldSize, "allGather");
+    if (!s.staged)
+        return nativeAll(s, BP_COLLECTIVE_ALL_GATHER, send, recv, count, type, ReduceOp::Sum, 0,
+                         bytes, total, "allGather");
+    for (size_t i = 0; i < s.servers.size(); ++i) {
+        detail::checkBufferRange(send[i], 0, bytes, "Communicator::allGather: the send buffer");
+        detail::checkBufferRange(recv[i], 0, total, "Communicator::allGather: the receive buffer");
+    }
+    // Each process fills its ranks' parts; a byte-wise sum over processes (zeros elsewhere)
+    // assembles the whole without a variable-size gather.
+    Bytes whole(total, std::byte{0});
+    for (size_t i = 0; i < s.servers.size(); ++i) {
+        const Bytes part = detail::readAll(*s.servers[i], s.stream(), send[i], bytes);
+        if (bytes != 0) std::memcpy(whole.data() + (s.firstRank + i) * bytes, part.data(), bytes);
+    }
+    if (s.processCount > 1)
+        whole = detail::processCollective(s, BP_COLLECTIVE_ALL_REDUCE, DataType::U8, ReduceOp::Sum,
+                                          0, whole, total, total);
+    for (size_t i = 0; i < s.servers.size(); ++i)
+        detail::writeAll(*s.servers[i], s.stream(), recv[i], whole);
+}
+
+void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const Buffer> recv,
+                                 uint64_t count, DataType type, ReduceOp op) {
+    CommunicatorState &s = stateOf(state_, "reduceScatter");
+    s.checkUsable("reduceScatter");
+    checkSpans(s, send, recv, "reduceScatter");
+    const uint64_t bytes = bytesOf(count, type, 1, "reduceScatter");
+    const uint64_t total = bytesOf(count, type, s.worldSize, "reduceScatter");
+    if (!s.staged)
+        return nativeAll(s, BP_COLLECTIVE_REDUCE_SCATTER, send, recv, count, type, op, 0, total,
+                         bytes, "reduceScatter");
+    for (size_t i = 0; i < s.servers.size(); ++i) {
+        detail::checkBufferRange(send[i], 0, total, "Communicator::reduceScatter: the send buffer");
+        detail::checkBufferRange(recv[i], 0, bytes,
+                                 "Communicator::reduceScatter: the receive buffer");
+    }
+    const Bytes whole = detail::reduceEverywhere(s, send, count * s.worldSize, type, op);
+    for (size_t i = 0; i < s.servers.size(); ++i) {
+        if (bytes == 0) continue;
+        s.servers[i]->write(s.stream(), recv[i], 0, whole.data() + (s.firstRank + i) * bytes,
+                            bytes);
+    }
+}
+
+namespace {
+void checkPeer(const CommunicatorState &s, uint32_t peer, size_t local, const char *what) {
+    if (local >= s.servers.size())
+        detail::invalid(std::string("Communicator::") + what,
+                        "local device " + std::to_string(local) + " of " +
+                            std::to_string(s.servers.size()));
+    checkRoot(s, peer, what);
+    if (peer == s.firstRank + local)
+        detail::invalid(std::string("Communicator::") + what,
+                        "rank " + std::to_string(peer) + " cannot send to or receive from itself");
+}
+} // namespace
+
+void Communicator::send(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
+                        size_t local) {
+    CommunicatorState &s = stateOf(state_, "send");
+    s.checkUsable("send");
+    checkPeer(s, peer, local, "send");
+    const uint64_t bytes = bytesOf(count, type, 1, "send");
+    const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
+    if (!s.staged) {
+        bp_collective_args args{};
+        args.struct_size = sizeof(args);
+        args.op = BP_COLLECTIVE_SEND;
+        args.type = static_cast<bp_data_type>(type);
+        args.peer = peer;
+        args.count = count;
+        s.servers[local]->collective(s.stream(), s.comms[local].get(), args, &buffer, bytes,
+                                     nullptr, 0, "Communicator::send");
+        return;
+    }
+    detail::checkBufferRange(buffer, 0, bytes, "Communicator::send: the buffer");
+    Bytes data = detail::readAll(*s.servers[local], s.stream(), buffer, bytes);
+    if (s.processOfRank[peer] == s.process) {
+        s.mailbox[{me, peer}].push_back(std::move(data));
+        return;
+    }
+    const uint32_t to = s.processOfRank[peer];
+    if (s.grouped) {
+        s.deferred.push_back({[&s, type, to, count, data = std::move(data)] {
+                                  detail::postProcess(s, BP_COLLECTIVE_SEND, type, ReduceOp::Sum,
+                                                      to, data, count, 0);
+                              },
+                              nullptr});
+        return;
+    }
+    detail::processCollective(s, BP_COLLECTIVE_SEND, type, ReduceOp::Sum, to, data, count, 0);
+}
+
+void Communicator::recv(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
+                        size_t local) {
+    CommunicatorState &s = stateOf(state_, "recv");
+    s.checkUsable("recv");
+    checkPeer(s, peer, local, "recv");
+    const uint64_t bytes = bytesOf(count, type, 1, "recv");
+    const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
+    if (!s.staged) {
+        bp_collective_args args{};
+        args.struct_size = sizeof(args);
+        args.op = BP_COLLECTIVE_RECV;
+        args.type = static_cast<bp_data_type>(type);
+        args.peer = peer;
+        args.count = count;
+        s.servers[local]->collective(s.stream(), s.comms[local].get(), args, nullptr, 0, &buffer,
+                                     bytes, "Communicator::recv");
+        return;
+    }
+    detail::checkBufferRange(buffer, 0, bytes, "Communicator::recv: the buffer");
+    const bool remote = s.processOfRank[peer] != s.process;
+    if (remote && s.grouped) {
+        auto pending = std::make_shared<detail::ProcessPending>();
+        s.deferred.push_back(
+            {[&s, pending, type, from = s.processOfRank[peer], count, bytes] {
+                 *pending = detail::postProcess(s, BP_COLLECTIVE_RECV, type, ReduceOp::Sum, from,
+                                                Bytes{}, count, bytes);
+             },
+             [&s, pending, buffer, local] {
+                 detail::writeAll(*s.servers[local], s.stream(), buffer,
+                                  detail::finishProcess(s, *pending));
+             }});
+        return;
+    }
+    auto run = [&s, buffer, bytes, count, type, peer, local, me] {
+        Bytes data;
+        if (s.processOfRank[peer] == s.process) {
+            auto &queue = s.mailbox[{peer, me}];
+            if (queue.empty())
+                detail::invalid("Communicator::recv",
+                                "rank " + std::to_string(me) + " has nothing from rank " +
+                                    std::to_string(peer) + " of the same process; call send "
+                                    "before the matching recv, or put both in a group");
+            data = std::move(queue.front());
+            queue.pop_front();
+            if (data.size() != bytes)
+                detail::invalid("Communicator::recv",
+                                "rank " + std::to_string(peer) + " sent " +
+                                    std::to_string(data.size()) + " bytes, rank " +
+                                    std::to_string(me) + " expects " + std::to_string(bytes));
+        } else {
+            data = detail::processCollective(s, BP_COLLECTIVE_RECV, type, ReduceOp::Sum,
+                                             s.processOfRank[peer], Bytes{}, count, bytes);
+        }
+        detail::writeAll(*s.servers[local], s.stream(), buffer, data);
+    };
+    if (s.grouped) s.deferred.push_back({nullptr, std::move(run)});
+    else run();
+}
+
+void Communicator::groupStart() {
+    CommunicatorState &s = stateOf(state_, "groupStart");
+    if (s.grouped) detail::invalid("Communicator::groupStart", "a group is already open");
+    if (!s.staged) s.servers[0]->driver().commGroup(true);
+    s.grouped = true;
+}
+
+void Communicator::groupEnd() {
+    CommunicatorState &s = stateOf(state_, "groupEnd");
+    if (!s.grouped) detail::invalid("Communicator::groupEnd", "no group is open");
+    s.grouped = false;
+    if (!s.staged) {
+        s.servers[0]->driver().commGroup(false);
+        return;
+    }
+    std::vector<CommunicatorState::Deferred> runs = std::move(s.deferred);
+    s.deferred.clear();
+    const bool posts = std::any_of(runs.begin(), runs.end(),
+                                   [](const CommunicatorState::Deferred &d) { return !!d.post; });
+    if (posts) {
+        detail::Driver &host = s.hostServer->driver();
+        host.commGroup(true);
+        try {
+            for (auto &run : runs)
+                if (run.post) run.post();
+        } catch (...) {
+            host.commGroup(false);
+            throw;
+        }
+        host.commGroup(false);
+    }
+    for (auto &run : runs)
+        if (run.finish) run.finish();
+}
+
+} // namespace backplane

@@ -1,0 +1,173 @@
+// ComputeServer copies between two opened devices (the seed's ServerCommunication): copy_peer
+// where one plugin instance owns both and the pair has peer access, else a pipelined copy
+// through the source's pinned staging blocks. Either way the copy is ordered after every pending
+// use of the source and before later uses of both buffers, on both devices, without the caller
+// syncing. The two engine locks are never held together (two threads copying in opposite
+// directions would otherwise deadlock).
+#include "server/compute_server.hpp"
+
+#include <future>
+
+namespace backplane::detail {
+
+void ComputeServer::copyToDevice(StreamId stream, const Buffer &src, uint64_t srcOffset,
+                                 ComputeServer &dst, StreamId dstStream, const Buffer &dstBuffer,
+                                 uint64_t dstOffset, uint64_t size) {
+    if (&dst == this) {
+        copy(stream, src, srcOffset, dstBuffer, dstOffset, size);
+        return;
+    }
+    checkAlive();
+    dst.checkAlive();
+    const auto &a = sliceOf(src, "copy to another device (source)");
+    const auto &b = dst.sliceOf(dstBuffer, "copy from another device (destination)");
+    checkBufferRange(src, srcOffset, size, "cross-device copy source range");
+    checkBufferRange(dstBuffer, dstOffset, size, "cross-device copy destination range");
+    if (size == 0) return;
+    if (multi_ && dst.multi_ && dst.driver_->peerAccess(*driver_)) {
+        copyPeerTo(slotOf(stream), a, src.offset() + srcOffset, dst, dst.slotOf(dstStream), b,
+                   dstBuffer.offset() + dstOffset, size);
+        ++peerCopies_;
+        return;
+    }
+    copyStagedTo(stream, src, srcOffset, dst, dstStream, dstBuffer, dstOffset, size);
+    ++stagedCopies_;
+}
+
+void ComputeServer::copyPeerTo(uint32_t slot, const std::shared_ptr<Slice> &a, uint64_t from,
+                               ComputeServer &dst, uint32_t dstSlot,
+                               const std::shared_ptr<Slice> &b, uint64_t to, uint64_t size) {
+    Driver *source = driver_.get();
+    Driver *target = dst.driver_.get();
+    // 1. A point on the source's stream after every pending use of the source buffer.
+    Fence ready;
+    {
+        std::lock_guard lock(mutex_);
+        const SlicePtr slices[] = {&a};
+        submit(slot, slices, [](bp_stream *) {});
+        ready = fenceLocked(slot);
+    }
+    // 2. The destination's stream waits for it on the device, then copies. The source slice is
+    //    held until the copy completed (its memory must not return to a pool under the copy).
+    Fence done;
+    {
+        std::lock_guard lock(dst.mutex_);
+        const SlicePtr slices[] = {&b};
+        auto hold = std::make_shared<std::pair<std::shared_ptr<Slice>, EventPtr>>(a, ready.event);
+        dst.submit(
+            dstSlot, slices,
+            [&](bp_stream *s) {
+                target->waitEvent(s, static_cast<bp_event *>(ready.event->get()));
+                target->copyPeer(s, *source, a->memory, a->offset + from, b->memory,
+                                 b->offset + to, size);
+            },
+            std::move(hold));
+        done = dst.fenceLocked(dstSlot);
+    }
+    // 3. Later uses of the source (a write into it) wait for the copy on the device.
+    {
+        std::lock_guard lock(mutex_);
+        const SlicePtr slices[] = {&a};
+        submit(slot, slices,
+               [&](bp_stream *s) {
+                   source->waitEvent(s, static_cast<bp_event *>(done.event->get()));
+               },
+               done.event);
+    }
+    throttle(slot);
+    dst.throttle(dstSlot);
+}
+
+void ComputeServer::copyStagedTo(StreamId stream, const Buffer &src, uint64_t srcOffset,
+                                 ComputeServer &dst, StreamId dstStream, const Buffer &dstBuffer,
+                                 uint64_t dstOffset, uint64_t size) {
+    const uint32_t slot = slotOf(stream);
+    const uint64_t chunk = staging_->blockBytes();
+    const uint64_t count = (size + chunk - 1) / chunk;
+    std::vector<StagingLease> leases =
+        multi_ ? stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), slot, true)
+               : std::vector<StagingLease>{};
+    if (leases.empty()) {
+        // Scheduler streams or no pinned memory: through ordinary host memory, one piece at a
+        // time (each side stages it itself).
+        std::vector<std::byte> bounce(static_cast<size_t>(std::min(chunk, size)));
+        for (uint64_t at = 0; at < size; at += chunk) {
+            const uint64_t n = std::min(chunk, size - at);
+            readInto(stream, src, srcOffset + at, bounce.data(), n);
+            dst.write(dstStream, dstBuffer, dstOffset + at, bounce.data(), n);
+        }
+        return;
+    }
+    // Chunk i arrives in one staging block while the destination takes chunk i-1 from the other
+    // (on its own thread). The writer is joined before its block is filled again, and before
+    // the leases go (declared after them, so destroyed first, also on an exception).
+    const std::shared_ptr<Slice> &a = sliceOf(src, "copy to another device (source)");
+    const SlicePtr slices[] = {&a};
+    Driver *driver = driver_.get();
+    std::future<void> writer;
+    for (uint64_t i = 0; i < count; ++i) {
+        StagingLease &lease = leases[i % leases.size()];
+        const uint64_t at = i * chunk;
+        const uint64_t n = std::min(chunk, size - at);
+        if (leases.size() == 1 && writer.valid()) writer.get();
+        Fence fence;
+        {
+            std::lock_guard lock(mutex_);
+            submit(slot, slices, [&](bp_stream *s) {
+                driver->copyDeviceToHost(s, a->memory, a->offset + src.offset() + srcOffset + at,
+                                         lease.data(), n);
+            });
+            fence = fenceLocked(slot);
+        }
+        waitFence(fence);
+        lease.block().ready = {};
+        if (writer.valid()) writer.get();
+        writer = std::async(std::launch::async, [&dst, dstStream, &dstBuffer, dstOffset, at, n,
+                                                 data = lease.data()] {
+            dst.write(dstStream, dstBuffer, dstOffset + at, data, n);
+        });
+    }
+    if (writer.valid()) writer.get();
+    throttle(slot);
+}
+
+} // namespace backplane::detail
+
+namespace backplane::detail {
+
+void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_args args,
+                               const Buffer *send, uint64_t sendBytes, const Buffer *recv,
+                               uint64_t recvBytes, const std::string &what) {
+    checkAlive();
+    boost::container::small_vector<SlicePtr, 2> slices;
+    if (send != nullptr) {
+        slices.push_back(&sliceOf(*send, what.c_str()));
+        checkBufferRange(*send, 0, sendBytes, (what + ": the send buffer").c_str());
+        args.send = (*slices.back())->memory;
+        args.send_offset = (*slices.back())->offset + send->offset();
+    }
+    if (recv != nullptr) {
+        slices.push_back(&sliceOf(*recv, what.c_str()));
+        checkBufferRange(*recv, 0, recvBytes, (what + ": the receive buffer").c_str());
+        args.recv = (*slices.back())->memory;
+        args.recv_offset = (*slices.back())->offset + recv->offset();
+    }
+    if ((send != nullptr && send->size() != 0 && args.send == nullptr) ||
+        (recv != nullptr && recv->size() != 0 && args.recv == nullptr))
+        throw Error(ErrorCode::InvalidArgument, what + ": a zero-byte Buffer has no memory");
+    if (!multi_)
+        throw Error(ErrorCode::Unsupported,
+                    what + ": " + info().id() +
+                        " has no asynchronous streams; collectives need them",
+                    info().backend);
+    const uint32_t slot = slotOf(stream);
+    Driver *driver = driver_.get();
+    {
+        std::lock_guard lock(mutex_);
+        submit(slot, std::span(slices.data(), slices.size()),
+               [&](bp_stream *s) { driver->collective(s, comm, args); });
+    }
+    throttle(slot);
+}
+
+} // namespace backplane::detail

@@ -1,0 +1,145 @@
+// ComputeServer strided transfers: a tensor of any strides read into, or written from, contiguous
+// row-major host memory (the seed's CopyDescriptor).
+#include "server/compute_server.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace backplane::detail {
+namespace {
+
+/// One contiguous piece of a tensor: `bytes` at `device` in the buffer, at `host` in the packed
+/// row-major copy.
+struct Run {
+    uint64_t device = 0;
+    uint64_t host = 0;
+    uint64_t bytes = 0;
+};
+
+[[noreturn]] void invalid(const char *what, const std::string &why) {
+    throw Error(ErrorCode::InvalidArgument, std::string(what) + ": " + why);
+}
+
+/// Checks the descriptor against its buffer and returns the packed size in bytes. Overflow and a
+/// last element past the buffer are InvalidArgument; `forWrite` also refuses tensors whose
+/// elements overlap (a stride too small for the extents inside it), as their result would
+/// depend on the order of the copies.
+uint64_t checkTensor(const Tensor &t, const char *what, bool forWrite) {
+    if (!t.buffer) invalid(what, "the tensor's Buffer is empty");
+    if (t.elementSize == 0) invalid(what, "elementSize is 0");
+    if (t.shape.size() != t.strides.size())
+        invalid(what, "shape has " + std::to_string(t.shape.size()) + " dimensions, strides " +
+                          std::to_string(t.strides.size()));
+    uint64_t elements = 1;
+    uint64_t lastElement = 0; // in elements
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+        const uint64_t extent = t.shape[i];
+        if (extent == 0) return 0;
+        if (elements > UINT64_MAX / extent) invalid(what, "the shape's element count overflows");
+        elements *= extent;
+        if (t.strides[i] != 0 && extent - 1 > (UINT64_MAX - lastElement) / t.strides[i])
+            invalid(what, "the strides overflow 64 bits");
+        lastElement += (extent - 1) * t.strides[i];
+    }
+    if (elements > UINT64_MAX / t.elementSize || lastElement >= UINT64_MAX / t.elementSize)
+        invalid(what, "the tensor's bytes overflow 64 bits");
+    const uint64_t end = (lastElement + 1) * t.elementSize;
+    if (end > t.buffer.size())
+        invalid(what, "its last element ends at byte " + std::to_string(end) + ", past the " +
+                          std::to_string(t.buffer.size()) + "-byte buffer");
+    if (forWrite) {
+        // Dimensions by stride: each must step over everything the smaller ones span.
+        std::vector<size_t> order(t.shape.size());
+        std::iota(order.begin(), order.end(), size_t{0});
+        std::sort(order.begin(), order.end(),
+                  [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
+        uint64_t span = 1; // elements spanned by the dimensions so far
+        for (size_t i : order) {
+            if (t.shape[i] == 1) continue;
+            if (t.strides[i] < span)
+                invalid(what, "dimension " + std::to_string(i) + " (stride " +
+                                  std::to_string(t.strides[i]) +
+                                  ") overlaps the dimensions inside it; a tensor written to must "
+                                  "not have overlapping elements");
+            span = t.strides[i] * (t.shape[i] - 1) + span;
+        }
+    }
+    return elements * t.elementSize;
+}
+
+/// The tensor as contiguous runs in row-major order of its elements, adjacent runs merged.
+std::vector<Run> runsOf(const Tensor &t) {
+    std::vector<Run> runs;
+    const size_t dims = t.shape.size();
+    const uint64_t es = t.elementSize;
+    if (dims == 0) {
+        runs.push_back({0, 0, es});
+        return runs;
+    }
+    const bool innerPacked = t.strides[dims - 1] == 1;
+    const uint64_t inner = t.shape[dims - 1];
+    std::vector<uint64_t> index(dims, 0);
+    uint64_t host = 0;
+    const auto push = [&](uint64_t device, uint64_t bytes) {
+        if (!runs.empty() && runs.back().device + runs.back().bytes == device)
+            runs.back().bytes += bytes;
+        else
+            runs.push_back({device, host, bytes});
+        host += bytes;
+    };
+    while (true) {
+        uint64_t base = 0;
+        for (size_t i = 0; i + 1 < dims; ++i) base += index[i] * t.strides[i];
+        if (innerPacked) {
+            push(base * es, inner * es);
+        } else {
+            for (uint64_t j = 0; j < inner; ++j) push((base + j * t.strides[dims - 1]) * es, es);
+        }
+        // Next index of the outer dimensions (odometer).
+        size_t d = dims - 1;
+        while (d > 0) {
+            --d;
+            if (++index[d] < t.shape[d]) break;
+            index[d] = 0;
+            if (d == 0) return runs;
+        }
+        if (dims == 1) return runs;
+    }
+}
+
+} // namespace
+
+ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
+    const uint64_t packed = checkTensor(tensor, "readTensor", false);
+    if (packed == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
+    std::vector<Run> runs = runsOf(tensor);
+    if (runs.size() == 1 && runs.front().bytes == packed)
+        return read(stream, tensor.buffer, runs.front().device, packed);
+    // One read of the whole span (one transfer beats one per row), packed on the host.
+    uint64_t span = 0;
+    for (const Run &r : runs) span = std::max(span, r.device + r.bytes);
+    auto whole = std::make_shared<ReadFuture>(read(stream, tensor.buffer, 0, span));
+    return ReadFuture([whole, runs = std::move(runs), packed] {
+        const std::vector<std::byte> bytes = whole->wait();
+        std::vector<std::byte> out(packed);
+        for (const Run &r : runs) std::memcpy(out.data() + r.host, bytes.data() + r.device, r.bytes);
+        return out;
+    });
+}
+
+void ComputeServer::writeTensor(StreamId stream, const Tensor &tensor, const void *data,
+                                uint64_t size) {
+    const uint64_t packed = checkTensor(tensor, "writeTensor", true);
+    if (size != packed)
+        invalid("writeTensor", "the host data has " + std::to_string(size) +
+                                   " bytes, the tensor's elements " + std::to_string(packed));
+    if (packed == 0) return;
+    if (data == nullptr) invalid("writeTensor", "the host pointer is null");
+    // One stream-ordered write per run: the bytes between rows (padding, or other data of a
+    // larger tensor) are never touched.
+    const auto *bytes = static_cast<const std::byte *>(data);
+    for (const Run &r : runsOf(tensor)) write(stream, tensor.buffer, r.device, bytes + r.host, r.bytes);
+}
+
+} // namespace backplane::detail

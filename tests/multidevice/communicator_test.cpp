@@ -1,0 +1,361 @@
+// backplane::Communicator on host-plugin devices: every operation x type x reduction checked
+// exactly against a reference, in one process (4 devices: Gloo, and the staged path) and across
+// forked processes on loopback (Gloo and staged), plus a rendezvous timeout and a rank that dies
+// before a collective (the survivor gets a clear error, no hang).
+#include "client/open_client.hpp"
+#include "comm/host_reduce.hpp"
+#include "plugin/device_info.hpp"
+#include "plugin/plugin_library.hpp"
+
+#include <backplane/client.hpp>
+#include <backplane/communicator.hpp>
+#include <backplane/error.hpp>
+
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace backplane;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<ComputeClient> openHostDevices(uint32_t count) {
+    const std::string options = R"({"mode":"async","devices":)" + std::to_string(count) +
+                                R"(,"collectives":{"address":"127.0.0.1"}})";
+    auto plugin = detail::PluginLibrary::open(HOST_PLUGIN_PATH, "host",
+                                              {.cacheDir = "", .optionsJson = options});
+    Config config;
+    config.cacheEnabled = false;
+    std::vector<ComputeClient> clients;
+    for (uint32_t i = 0; i < count; ++i)
+        clients.push_back(detail::openComputeClient(
+            plugin, detail::toDeviceInfo("host", i, plugin->deviceInfo(i)), config));
+    return clients;
+}
+
+constexpr DataType kTypes[] = {DataType::I8,  DataType::U8,   DataType::I32, DataType::U32,
+                               DataType::I64, DataType::U64,  DataType::F16, DataType::BF16,
+                               DataType::F32, DataType::F64};
+constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max,
+                             ReduceOp::Avg};
+
+/// Element i of rank r: small integers, so every sum, product and average is exact in every type.
+double valueOf(uint32_t rank, uint64_t i) { return 1.0 + static_cast<double>((i + rank) % 3); }
+
+std::vector<std::byte> encode(DataType type, const std::vector<double> &values) {
+    const size_t es = sizeOf(type);
+    std::vector<std::byte> out(values.size() * es);
+    for (size_t i = 0; i < values.size(); ++i) {
+        std::byte *at = out.data() + i * es;
+        const double v = values[i];
+        const auto put = [&](auto x) { std::memcpy(at, &x, sizeof(x)); };
+        switch (type) {
+        case DataType::I8: put(static_cast<int8_t>(v)); break;
+        case DataType::U8: put(static_cast<uint8_t>(v)); break;
+        case DataType::I32: put(static_cast<int32_t>(v)); break;
+        case DataType::U32: put(static_cast<uint32_t>(v)); break;
+        case DataType::I64: put(static_cast<int64_t>(v)); break;
+        case DataType::U64: put(static_cast<uint64_t>(v)); break;
+        case DataType::F16: put(detail::floatToHalf(static_cast<float>(v))); break;
+        case DataType::BF16: put(detail::floatToBf16(static_cast<float>(v))); break;
+        case DataType::F32: put(static_cast<float>(v)); break;
+        case DataType::F64: put(v); break;
+        }
+    }
+    return out;
+}
+
+bool isInteger(DataType type) {
+    return type != DataType::F16 && type != DataType::BF16 && type != DataType::F32 &&
+           type != DataType::F64;
+}
+
+double reduceRef(ReduceOp op, DataType type, uint32_t ranks, uint64_t i, uint32_t firstRank = 0) {
+    double acc = valueOf(firstRank, i);
+    for (uint32_t r = firstRank + 1; r < firstRank + ranks; ++r) {
+        const double v = valueOf(r, i);
+        switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Avg: acc += v; break;
+        case ReduceOp::Prod: acc *= v; break;
+        case ReduceOp::Min: acc = std::min(acc, v); break;
+        case ReduceOp::Max: acc = std::max(acc, v); break;
+        }
+    }
+    if (op == ReduceOp::Avg) acc = isInteger(type) ? std::trunc(acc / ranks) : acc / ranks;
+    return acc;
+}
+
+std::vector<double> rankValues(uint32_t rank, uint64_t count) {
+    std::vector<double> v(count);
+    for (uint64_t i = 0; i < count; ++i) v[i] = valueOf(rank, i);
+    return v;
+}
+
+std::string label(DataType type, ReduceOp op) {
+    return std::string(toString(type)) + " " + toString(op);
+}
+
+/// Runs every operation on this process's ranks of `comm` (devices in rank order) and checks
+/// each result exactly. Returns the number of failed checks (also reported through doctest).
+int checkEveryOperation(Communicator &comm, std::vector<ComputeClient> &devices) {
+    int failures = 0;
+    const auto expect = [&](bool ok, const std::string &what) {
+        if (!ok) {
+            ++failures;
+            std::fprintf(stderr, "rank %u: %s is wrong\n", comm.rank(0), what.c_str());
+        }
+        CHECK_MESSAGE(ok, what);
+    };
+    const uint32_t size = comm.size();
+    const size_t local = devices.size();
+    const uint64_t count = 37; // odd: no algorithm's chunking lines up with it
+    const auto readBytes = [&](size_t l, const Buffer &b) { return devices[l].read(b).wait(); };
+    std::vector<Buffer> send(local), recv(local);
+    for (DataType type : kTypes) {
+        const size_t es = sizeOf(type);
+        for (size_t l = 0; l < local; ++l)
+            send[l] = devices[l].create(encode(type, rankValues(comm.rank(l), count)).data(),
+                                        count * es);
+        for (ReduceOp op : kOps) {
+            for (size_t l = 0; l < local; ++l) recv[l] = devices[l].empty(count * es);
+            comm.allReduce(send, recv, count, type, op);
+            std::vector<double> ref(count);
+            for (uint64_t i = 0; i < count; ++i) ref[i] = reduceRef(op, type, size, i);
+            for (size_t l = 0; l < local; ++l)
+                expect(readBytes(l, recv[l]) == encode(type, ref), "allReduce " + label(type, op));
+        }
+        // reduce to the last rank, in place on the root's side
+        const uint32_t root = size - 1;
+        for (size_t l = 0; l < local; ++l) recv[l] = devices[l].empty(count * es);
+        comm.reduce(send, recv, count, type, ReduceOp::Max, root);
+        for (size_t l = 0; l < local; ++l)
+            if (comm.rank(l) == root) {
+                std::vector<double> ref(count);
+                for (uint64_t i = 0; i < count; ++i)
+                    ref[i] = reduceRef(ReduceOp::Max, type, size, i);
+                expect(readBytes(l, recv[l]) == encode(type, ref), "reduce " + label(type, ReduceOp::Max));
+            }
+        // broadcast from rank 1 (or 0)
+        const uint32_t from = size > 1 ? 1 : 0;
+        for (size_t l = 0; l < local; ++l) recv[l] = devices[l].empty(count * es);
+        comm.broadcast(send, recv, count, type, from);
+        for (size_t l = 0; l < local; ++l)
+            expect(readBytes(l, recv[l]) == encode(type, rankValues(from, count)),
+                   std::string("broadcast ") + toString(type));
+        // all-gather
+        for (size_t l = 0; l < local; ++l) recv[l] = devices[l].empty(count * es * size);
+        comm.allGather(send, recv, count, type);
+        std::vector<double> gathered;
+        for (uint32_t r = 0; r < size; ++r) {
+            const auto part = rankValues(r, count);
+            gathered.insert(gathered.end(), part.begin(), part.end());
+        }
+        for (size_t l = 0; l < local; ++l)
+            expect(readBytes(l, recv[l]) == encode(type, gathered),
+                   std::string("allGather ") + toString(type));
+        // reduce-scatter of count * size elements
+        std::vector<Buffer> big(local);
+        for (size_t l = 0; l < local; ++l) {
+            big[l] = devices[l].create(encode(type, rankValues(comm.rank(l), count * size)).data(),
+                                       count * size * es);
+            recv[l] = devices[l].empty(count * es);
+        }
+        comm.reduceScatter(big, recv, count, type, ReduceOp::Sum);
+        for (size_t l = 0; l < local; ++l) {
+            std::vector<double> ref(count);
+            for (uint64_t i = 0; i < count; ++i)
+                ref[i] = reduceRef(ReduceOp::Sum, type, size, comm.rank(l) * count + i);
+            expect(readBytes(l, recv[l]) == encode(type, ref),
+                   std::string("reduceScatter ") + toString(type));
+        }
+    }
+    // send/recv around the ring, in one group (ranks of one process drive each other)
+    std::vector<Buffer> out(local), in(local);
+    comm.groupStart();
+    for (size_t l = 0; l < local; ++l) {
+        const uint32_t me = comm.rank(l);
+        out[l] = devices[l].create(encode(DataType::I32, rankValues(me, count)).data(), count * 4);
+        in[l] = devices[l].empty(count * 4);
+        if (size > 1) comm.send(out[l], count, DataType::I32, (me + 1) % size, l);
+    }
+    for (size_t l = 0; l < local; ++l) {
+        const uint32_t me = comm.rank(l);
+        if (size > 1) comm.recv(in[l], count, DataType::I32, (me + size - 1) % size, l);
+    }
+    comm.groupEnd();
+    for (size_t l = 0; l < local && size > 1; ++l)
+        expect(readBytes(l, in[l]) ==
+                   encode(DataType::I32, rankValues((comm.rank(l) + size - 1) % size, count)),
+               "send/recv around the ring");
+    return failures;
+}
+
+/// Runs `body(process)` in `processes` forked children and returns their exit statuses (a
+/// child still running after `limit` is killed and reported as -1).
+std::vector<int> runProcesses(uint32_t processes, std::chrono::seconds limit,
+                              const std::function<int(uint32_t)> &body) {
+    std::vector<pid_t> children;
+    for (uint32_t p = 0; p < processes; ++p) {
+        const pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            int code = 99;
+            try {
+                code = body(p);
+            } catch (const std::exception &e) {
+                std::fprintf(stderr, "process %u: %s\n", p, e.what());
+                code = 98;
+            }
+            std::fflush(stderr);
+            _exit(code);
+        }
+        children.push_back(pid);
+    }
+    std::vector<int> statuses(processes, -1);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    size_t left = processes;
+    while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+        for (uint32_t p = 0; p < processes; ++p) {
+            if (children[p] == 0) continue;
+            int status = 0;
+            if (waitpid(children[p], &status, WNOHANG) == children[p]) {
+                statuses[p] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                children[p] = 0;
+                --left;
+            }
+        }
+        std::this_thread::sleep_for(10ms);
+    }
+    for (pid_t pid : children)
+        if (pid != 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+    return statuses;
+}
+
+std::string freshDirectory(const std::string &name) {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("backplane-comm-" + name + "-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir);
+    return dir.string();
+}
+
+} // namespace
+
+TEST_CASE("four host devices in one process all-reduce every type and reduction exactly on gloo") {
+    std::vector<ComputeClient> devices = openHostDevices(4);
+    if ((devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
+        FAIL("the host plugin has no collectives here: " << devices[0].device().collectives);
+        return;
+    }
+    auto rendezvous = localRendezvous();
+    Communicator comm = Communicator::create(devices, *rendezvous);
+    CHECK(comm.size() == 4);
+    CHECK(!comm.staged());
+    CHECK(comm.engine().find("gloo") != std::string::npos);
+    checkEveryOperation(comm, devices);
+}
+
+TEST_CASE("the staged path gives the same results in one process") {
+    std::vector<ComputeClient> devices = openHostDevices(3);
+    auto rendezvous = localRendezvous();
+    CommunicatorOptions options;
+    options.forceStaged = true;
+    Communicator comm = Communicator::create(devices, *rendezvous, options);
+    CHECK(comm.staged());
+    CHECK(comm.size() == 3);
+    checkEveryOperation(comm, devices);
+}
+
+TEST_CASE("processes on loopback run every operation through gloo and through the staged path") {
+    for (const bool staged : {false, true})
+        for (const uint32_t processes : {2u, 3u}) {
+            CAPTURE(staged);
+            CAPTURE(processes);
+            const std::string dir =
+                freshDirectory(std::string(staged ? "staged" : "gloo") + std::to_string(processes));
+            const std::vector<int> codes = runProcesses(processes, 90s, [&](uint32_t p) {
+                // Process 1 holds two devices, the others one: ranks of unequal processes.
+                std::vector<ComputeClient> devices = openHostDevices(p == 1 ? 2 : 1);
+                auto rendezvous = directoryRendezvous(dir, p, processes);
+                CommunicatorOptions options;
+                options.forceStaged = staged;
+                options.timeout = 30s;
+                options.hostClient = devices[0];
+                Communicator comm = Communicator::create(devices, *rendezvous, options);
+                if (comm.staged() != staged || comm.size() != processes + 1) return 3;
+                return checkEveryOperation(comm, devices) == 0 ? 0 : 1;
+            });
+            for (uint32_t p = 0; p < processes; ++p) {
+                CAPTURE(p);
+                CHECK(codes[p] == 0);
+            }
+            std::filesystem::remove_all(dir);
+        }
+}
+
+TEST_CASE("a communicator whose other process never comes fails with a timeout naming it") {
+    std::vector<ComputeClient> devices = openHostDevices(1);
+    const std::string dir = freshDirectory("timeout");
+    auto rendezvous = directoryRendezvous(dir, 0, 2);
+    CommunicatorOptions options;
+    options.timeout = 500ms;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        (void)Communicator::create(devices, *rendezvous, options);
+        FAIL("expected a timeout");
+    } catch (const Error &e) {
+        CHECK((e.code() == ErrorCode::Timeout));
+        CHECK(std::string(e.what()).find("1") != std::string::npos);
+    }
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a rank that dies before a collective gives the survivor a clear error, not a hang") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        const std::string dir = freshDirectory(std::string("death") + (staged ? "s" : "g"));
+        const std::vector<int> codes = runProcesses(2, 60s, [&](uint32_t p) {
+            std::vector<ComputeClient> devices = openHostDevices(1);
+            auto rendezvous = directoryRendezvous(dir, p, 2);
+            CommunicatorOptions options;
+            options.forceStaged = staged;
+            options.timeout = 20s;
+            options.hostClient = devices[0];
+            Communicator comm = Communicator::create(devices, *rendezvous, options);
+            if (p == 1) _exit(0); // dies without a word, its sockets closed by the kernel
+            const std::vector<float> ones(1 << 20, 1.0f);
+            Buffer b = devices[0].createFrom<float>(ones);
+            try {
+                comm.allReduce(b, b, ones.size(), DataType::F32, ReduceOp::Sum);
+                devices[0].sync();
+            } catch (const Error &e) {
+                const std::string text = e.what();
+                std::fprintf(stderr, "survivor: %s\n", text.c_str());
+                const bool remote = e.code() == ErrorCode::Remote ||
+                                    text.find("remote") != std::string::npos ||
+                                    text.find("peer") != std::string::npos;
+                return remote ? 0 : 2;
+            }
+            return 1; // the collective "succeeded" without its peer
+        });
+        CHECK(codes[0] == 0);
+        CHECK(codes[1] == 0);
+        std::filesystem::remove_all(dir);
+    }
+}
