@@ -272,6 +272,25 @@ TEST_CASE("a copy between peer devices is ordered after the source's work and be
     checkOrderedCopy(devices[0], devices[1], true);
 }
 
+TEST_CASE("a peer copy whose destination stream is free still waits for the source's kernel") {
+    std::vector<ComputeClient> devices = openHostDevices(2);
+    const uint32_t n = 256;
+    Buffer staging = devices[0].createFrom<uint32_t>(words(n, 500));
+    Buffer src = devices[0].createFrom<uint32_t>(std::vector<uint32_t>(n, 1));
+    Buffer dst = devices[1].createFrom<uint32_t>(std::vector<uint32_t>(n, 2));
+    devices[0].syncAll();
+    devices[1].syncAll();
+    gates[0] = false;
+    launchGatedCopy(devices[0], staging, src, n, 0); // src := 500.. once gate 0 opens
+    devices[0].copy(src, 0, devices[1], dst, 0, n * 4);
+    // The destination's stream has nothing else to do: without the device-side wait the copy
+    // would run now and carry the old bytes.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gates[0] = true;
+    CHECK(devices[1].readAs<uint32_t>(dst) == words(n, 500));
+    CHECK(devices[0].stats().peerCopies == 1);
+}
+
 TEST_CASE("a staged copy between plugin instances is ordered the same way") {
     ComputeClient a = openHostDevices(1)[0];
     ComputeClient b = openHostDevices(1)[0]; // another plugin instance: no peer access
