@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -200,6 +201,11 @@ public:
     void abort();
 
 private:
+    /// create() with a way to get the host client the staged path between processes needs,
+    /// called only when that path is chosen.
+    static Communicator createWith(std::vector<ComputeClient> devices, Rendezvous &rendezvous,
+                                   CommunicatorOptions options,
+                                   const std::function<std::optional<ComputeClient>()> &openHost);
     std::shared_ptr<detail::CommunicatorState> state_;
 };
 

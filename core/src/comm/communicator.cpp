@@ -286,6 +286,33 @@ using detail::CommunicatorState;
 
 Communicator Communicator::create(std::vector<ComputeClient> devices, Rendezvous &rendezvous,
                                   CommunicatorOptions options) {
+    return createWith(std::move(devices), rendezvous, std::move(options),
+                                      [] { return std::optional<ComputeClient>(); });
+}
+
+Communicator Communicator::create(const Runtime &runtime, std::vector<ComputeClient> devices,
+                                  Rendezvous &rendezvous, CommunicatorOptions options) {
+    const std::vector<ComputeClient> given = devices;
+    return createWith(
+        std::move(devices), rendezvous, std::move(options),
+        [&]() -> std::optional<ComputeClient> {
+            // Reuse one of the devices when it is a host-plugin one, else open the host plugin's.
+            for (const ComputeClient &c : given)
+                if (c.device().backend == "host") return c;
+            try {
+                return runtime.open(runtime.select("host"));
+            } catch (const Error &e) {
+                throw Error(ErrorCode::Unsupported,
+                            "Communicator::create: the staged path between processes runs on "
+                            "the host plugin's Gloo, and its device could not be opened: " +
+                                std::string(e.what()));
+            }
+        });
+}
+
+Communicator Communicator::createWith(
+    std::vector<ComputeClient> devices, Rendezvous &rendezvous, CommunicatorOptions options,
+    const std::function<std::optional<ComputeClient>()> &openHost) {
     if (devices.empty()) detail::invalid("Communicator::create", "no device given");
     if (options.timeout.count() <= 0)
         detail::invalid("Communicator::create", "the timeout must be positive");
@@ -344,6 +371,7 @@ Communicator Communicator::create(std::vector<ComputeClient> devices, Rendezvous
         s->staged = true;
         s->engine = detail::kStagedEngine;
         if (s->processCount > 1) {
+            if (!options.hostClient) options.hostClient = openHost();
             if (!options.hostClient)
                 detail::invalid("Communicator::create",
                                 "the staged path between processes runs on the host plugin's "
@@ -370,24 +398,6 @@ Communicator Communicator::create(std::vector<ComputeClient> devices, Rendezvous
     Communicator c;
     c.state_ = std::move(s);
     return c;
-}
-
-Communicator Communicator::create(const Runtime &runtime, std::vector<ComputeClient> devices,
-                                  Rendezvous &rendezvous, CommunicatorOptions options) {
-    if (!options.hostClient && rendezvous.processCount() > 1) {
-        // The staged path between processes needs a host-plugin client: reuse one of the
-        // devices when it is one, otherwise open the host plugin's device.
-        for (const ComputeClient &c : devices)
-            if (c.device().backend == "host") options.hostClient = c;
-        if (!options.hostClient) {
-            try {
-                options.hostClient = runtime.open(runtime.select("host"));
-            } catch (const Error &) {
-                // Only needed for the staged path: create() says so if it comes to that.
-            }
-        }
-    }
-    return create(std::move(devices), rendezvous, std::move(options));
 }
 
 // ----- accessors --------------------------------------------------------------------------------
