@@ -669,6 +669,15 @@ std::unique_ptr<GpuComm> GpuComm::join(GpuDevice &device, const NcclLibrary &lib
             sdk::Error error =
                 library.error("ncclCommInitRankConfig (" + what + ")", r, handle, true);
             if (handle != nullptr) library.fn.commAbort(handle);
+            // Joining fails "internally" when the id's bootstrap address is garbage or rank 0 is
+            // unreachable (NCCL reports ncclInternalError from its socket layer): for the
+            // caller that is a failed peer, not a bug of NCCL's.
+            if (error.code() == BP_ERROR_INTERNAL)
+                throw sdk::Error(BP_ERROR_REMOTE,
+                                 std::string(error.what()) +
+                                     "; the id may be malformed, or rank 0 (which made it) is "
+                                     "not reachable",
+                                 error.vendorCode());
             throw error;
         }
     }

@@ -352,9 +352,27 @@ template <class T> void runGloo(HostComm::State &state, const Call &call) {
         const uint64_t slot = ((from < to ? kSendUpSlotPrefix : kSendDownSlotPrefix) << 56) |
                               (uint64_t{call.tag} << 24);
         RunningBuffers running(state);
-        auto data = running.make(sending ? call.send : call.recv, bytes);
         const auto peer = static_cast<int>(call.peer);
+        // A header first: Gloo ends the process (an enforce on its own thread) when more bytes
+        // arrive than the receiver posted, so the receiver checks the size before posting.
+        uint64_t header[2] = {bytes, call.type};
+        auto head = running.make(header, sizeof header);
         bool completed = false;
+        if (sending) {
+            head->send(peer, slot | 1);
+            completed = head->waitSend(state.timeout);
+        } else {
+            head->recv(peer, slot | 1);
+            completed = head->waitRecv(state.timeout);
+            if (completed && (header[0] != bytes || header[1] != call.type))
+                throw gloo::IoException(
+                    "rank " + std::to_string(call.peer) + " sends " + std::to_string(header[0]) +
+                    " bytes of type " + std::to_string(header[1]) + ", this rank receives " +
+                    std::to_string(bytes) + " of type " + std::to_string(call.type) +
+                    " (every send must match its recv)");
+        }
+        if (!completed) throw gloo::IoException("the transfer was interrupted");
+        auto data = running.make(sending ? call.send : call.recv, bytes);
         if (sending) {
             data->send(peer, slot);
             completed = data->waitSend(state.timeout);
@@ -370,6 +388,46 @@ template <class T> void runGloo(HostComm::State &state, const Call &call) {
     }
 }
 
+void maxInt64(void *out, const void *a, const void *b, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+        int64_t x, y;
+        std::memcpy(&x, static_cast<const char *>(a) + i * 8, 8);
+        std::memcpy(&y, static_cast<const char *>(b) + i * 8, 8);
+        x = std::max(x, y);
+        std::memcpy(static_cast<char *>(out) + i * 8, &x, 8);
+    }
+}
+
+/// Every rank runs the same collective with the same count, type, reduction and root, checked
+/// with a small fixed-size all-reduce before any data moves: Gloo ends the process (an enforce
+/// on its own thread) when a peer sends more bytes than were posted, so a mismatch must never
+/// reach the data transfer. Max of (v, -v) gives each field's max and min at once.
+void checkRanksAgree(HostComm::State &state, const Call &call) {
+    const bool rooted = call.op == BP_COLLECTIVE_REDUCE || call.op == BP_COLLECTIVE_BROADCAST;
+    const int64_t mine[4] = {call.op, call.type, static_cast<int64_t>(call.count),
+                             rooted ? static_cast<int64_t>(call.peer) : -1};
+    int64_t signature[8];
+    for (int i = 0; i < 4; ++i) {
+        signature[i] = mine[i];
+        signature[4 + i] = -mine[i];
+    }
+    gloo::AllreduceOptions options(state.context);
+    RunningBuffers running(state);
+    options.setOutput<int64_t>(running.make(signature, sizeof signature));
+    options.setReduceFunction(&maxInt64);
+    options.setTag(call.tag | 0x80000000u);
+    options.setTimeout(state.timeout);
+    gloo::allreduce(options);
+    static const char *const kFields[4] = {"operation", "type", "count", "root"};
+    for (int i = 0; i < 4; ++i)
+        if (signature[i] != mine[i] || -signature[4 + i] != mine[i])
+            throw gloo::IoException(
+                std::string("the ranks disagree on the collective's ") + kFields[i] + " (this rank: " +
+                std::to_string(mine[i]) + ", others between " + std::to_string(-signature[4 + i]) +
+                " and " + std::to_string(signature[i]) +
+                "); every rank must issue the same collectives in the same order");
+}
+
 /// Runs one recorded collective: the body of its stream task.
 void runCall(HostComm::State &state, const Call &call) {
     const std::string name = collectiveName(call.op);
@@ -379,6 +437,8 @@ void runCall(HostComm::State &state, const Call &call) {
     std::string failure;
     bp_status code = BP_ERROR_REMOTE;
     try {
+        if (call.op != BP_COLLECTIVE_SEND && call.op != BP_COLLECTIVE_RECV && state.size > 1)
+            checkRanksAgree(state, call);
         switch (call.elementSize) {
         case 1:
             runGloo<uint8_t>(state, call);

@@ -359,3 +359,90 @@ TEST_CASE("a rank that dies before a collective gives the survivor a clear error
         std::filesystem::remove_all(dir);
     }
 }
+
+TEST_CASE("a refused collective records nothing on any rank, and the communicator stays usable") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        std::vector<ComputeClient> devices = openHostDevices(2);
+        auto rendezvous = localRendezvous();
+        CommunicatorOptions options;
+        options.forceStaged = staged;
+        options.timeout = 5s;
+        Communicator comm = Communicator::create(devices, *rendezvous, options);
+        std::vector<Buffer> send, recv;
+        for (uint32_t r = 0; r < 2; ++r) {
+            const std::vector<float> mine(4, 10.0f * static_cast<float>(r + 1));
+            send.push_back(devices[r].createFrom<float>(mine));
+            recv.push_back(devices[r].empty(16));
+        }
+        const std::vector<Buffer> tooSmall = {recv[0], devices[1].empty(8)};
+        CHECK_THROWS_WITH_AS(comm.allReduce(send, tooSmall, 4, DataType::F32, ReduceOp::Sum),
+                             doctest::Contains("overruns"), Error);
+        CHECK_THROWS_WITH_AS(
+            comm.allReduce(send, recv, 4, DataType::F32, static_cast<ReduceOp>(42)),
+            doctest::Contains("is not a ReduceOp"), Error);
+        CHECK_THROWS_WITH_AS(comm.allReduce(send, recv, 4, static_cast<DataType>(77), ReduceOp::Sum),
+                             doctest::Contains("is not a DataType"), Error);
+        // Had rank 0's part of the refused call gone out, this one would pair with it.
+        comm.allReduce(send, recv, 4, DataType::F32, ReduceOp::Sum);
+        for (uint32_t r = 0; r < 2; ++r)
+            CHECK(devices[r].readAs<float>(recv[r]) == std::vector<float>(4, 30.0f));
+    }
+}
+
+TEST_CASE("send and recv between ranks of one process outside a group, or unmatched, are refused") {
+    std::vector<ComputeClient> devices = openHostDevices(2);
+    auto rendezvous = localRendezvous();
+    CommunicatorOptions options;
+    options.timeout = 5s;
+    Communicator comm = Communicator::create(devices, *rendezvous, options);
+    REQUIRE(!comm.staged());
+    Buffer in = devices[1].empty(16);
+    Buffer out = devices[0].createFrom<int32_t>(std::vector<int32_t>{1, 2, 3, 4});
+    CHECK_THROWS_WITH_AS(comm.recv(in, 4, DataType::I32, 0, 1), doctest::Contains("one group"),
+                         Error);
+    comm.groupStart();
+    comm.recv(in, 4, DataType::I32, 0, 1); // no matching send
+    CHECK_THROWS_WITH_AS(comm.groupEnd(), doctest::Contains("receives 1"), Error);
+    comm.groupStart();
+    comm.send(out, 4, DataType::I32, 1, 0);
+    comm.recv(in, 4, DataType::I32, 0, 1);
+    comm.groupEnd();
+    CHECK(devices[1].readAs<int32_t>(in) == std::vector<int32_t>{1, 2, 3, 4});
+    // Nothing refused was left behind to pair with this.
+    Buffer a = devices[0].createFrom<int32_t>(std::vector<int32_t>{5});
+    Buffer b = devices[1].createFrom<int32_t>(std::vector<int32_t>{6});
+    comm.allReduce(std::vector<Buffer>{a, b}, std::vector<Buffer>{a, b}, 1, DataType::I32,
+                   ReduceOp::Sum);
+    CHECK(devices[0].readAs<int32_t>(a) == std::vector<int32_t>{11});
+    CHECK(devices[1].readAs<int32_t>(b) == std::vector<int32_t>{11});
+}
+
+TEST_CASE("processes that disagree on a collective's count get an error, and none is terminated") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        const std::string dir = freshDirectory(std::string("mismatch") + (staged ? "s" : "g"));
+        const std::vector<int> codes = runProcesses(2, 60s, [&](uint32_t p) {
+            std::vector<ComputeClient> devices = openHostDevices(1);
+            auto rendezvous = directoryRendezvous(dir, p, 2);
+            CommunicatorOptions options;
+            options.forceStaged = staged;
+            options.timeout = 10s;
+            options.hostClient = devices[0];
+            Communicator comm = Communicator::create(devices, *rendezvous, options);
+            const uint64_t count = p == 0 ? 16 : 32; // the bug under test: counts differ
+            Buffer b = devices[0].createFrom<float>(std::vector<float>(count, 1.0f));
+            try {
+                comm.allReduce(b, b, count, DataType::F32, ReduceOp::Sum);
+                devices[0].sync();
+            } catch (const Error &e) {
+                std::fprintf(stderr, "process %u: %s\n", p, e.what());
+                return 0;
+            }
+            return 1; // mismatched counts "succeeded"
+        });
+        CHECK(codes[0] == 0); // 134 (SIGABRT) before the signature check
+        CHECK(codes[1] == 0);
+        std::filesystem::remove_all(dir);
+    }
+}

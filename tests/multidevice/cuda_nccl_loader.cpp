@@ -31,6 +31,16 @@ std::string libraryOption(const std::string &path) {
     return R"({"nccl": {"library": ")" + path + R"("}})";
 }
 
+/// The NCCL the machine points at (tools/gpu-check.sh sets BACKPLANE_NCCL_LIBRARY on the GPU
+/// machine). Taken, then unset, before any case runs: it beats the nccl.library option, which
+/// the other cases set to the fake libraries.
+const std::string gConfiguredNccl = [] {
+    const char *value = std::getenv("BACKPLANE_NCCL_LIBRARY");
+    std::string configured = value != nullptr ? value : "";
+    ::unsetenv("BACKPLANE_NCCL_LIBRARY");
+    return configured;
+}();
+
 /// Sets an environment variable for one scope (the plugin reads it in plugin_init).
 class ScopedEnvironment {
 public:
@@ -135,15 +145,13 @@ TEST_CASE("comm_group brackets work when NCCL is there and is unsupported when i
 
 TEST_CASE("a real NCCL, when one is installed, gives a fresh id each time") {
     // Whether there is one is asked of the loader directly, not of the plugin under test.
-    const char *configured = std::getenv("BACKPLANE_NCCL_LIBRARY");
-    const std::string path =
-        configured != nullptr && *configured != '\0' ? configured : "libnccl.so.2";
+    const std::string path = !gConfiguredNccl.empty() ? gConfiguredNccl : "libnccl.so.2";
     void *nccl = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (nccl == nullptr) {
         MESSAGE("no NCCL here (" << ::dlerror() << "); nothing to compare");
         return;
     }
-    const RawPlugin plugin = openCuda();
+    const RawPlugin plugin = openCuda(gConfiguredNccl.empty() ? "{}" : libraryOption(path));
     const IdResult first = createId(plugin);
     INFO(path << ": " << first.message);
     REQUIRE(first.status == BP_SUCCESS);

@@ -101,6 +101,17 @@ struct CommunicatorState {
         std::function<void()> finish;
     };
     std::vector<Deferred> deferred;
+    /// Native engine: point-to-point calls between two ranks of this process, held until
+    /// groupEnd checks that every send has its recv (an unmatched one would pair with a later
+    /// collective and wait forever).
+    struct LocalP2p {
+        uint32_t from = 0;
+        uint32_t to = 0;
+        uint64_t bytes = 0;
+        bool sending = false;
+        std::function<void()> issue;
+    };
+    std::vector<LocalP2p> localP2p;
 
     ~CommunicatorState() {
         // A collective still pending uses its communicator: wait for the streams first. A device
@@ -448,6 +459,13 @@ void checkSpans(const CommunicatorState &s, std::span<const Buffer> send,
                             std::to_string(send.size()) + " and " + std::to_string(recv.size()));
 }
 
+void checkOp(ReduceOp op, const char *what) {
+    if (static_cast<unsigned>(op) > static_cast<unsigned>(ReduceOp::Avg))
+        detail::invalid(std::string("Communicator::") + what,
+                        "reduction " + std::to_string(static_cast<int>(op)) +
+                            " is not a ReduceOp");
+}
+
 void checkRoot(const CommunicatorState &s, uint32_t root, const char *what) {
     if (root >= s.worldSize)
         detail::invalid(std::string("Communicator::") + what,
@@ -457,7 +475,10 @@ void checkRoot(const CommunicatorState &s, uint32_t root, const char *what) {
 
 uint64_t bytesOf(uint64_t count, DataType type, uint64_t times, const char *what) {
     const uint64_t es = sizeOf(type);
-    if (es == 0) detail::invalid(std::string("Communicator::") + what, "unknown data type");
+    if (es == 0)
+        detail::invalid(std::string("Communicator::") + what,
+                        "data type " + std::to_string(static_cast<int>(type)) +
+                            " is not a DataType");
     if (count > UINT64_MAX / es / std::max<uint64_t>(times, 1))
         detail::invalid(std::string("Communicator::") + what, "the byte count overflows");
     return count * es * times;
@@ -467,6 +488,14 @@ uint64_t bytesOf(uint64_t count, DataType type, uint64_t times, const char *what
 void nativeAll(CommunicatorState &s, bp_collective op, std::span<const Buffer> send,
                std::span<const Buffer> recv, uint64_t count, DataType type, ReduceOp reduce,
                uint32_t peer, uint64_t sendBytes, uint64_t recvBytes, const char *what) {
+    const bool noSend = op == BP_COLLECTIVE_RECV;
+    const bool noRecv = op == BP_COLLECTIVE_SEND;
+    const std::string name = std::string("Communicator::") + what;
+    // Every rank is checked before any is recorded: a refusal halfway through a group would
+    // leave the first ranks' parts recorded, to pair with the next collective's.
+    for (size_t i = 0; i < s.servers.size(); ++i)
+        s.servers[i]->checkCollective(noSend ? nullptr : &send[i], sendBytes,
+                                      noRecv ? nullptr : &recv[i], recvBytes, name);
     const bool group = s.servers.size() > 1 && !s.grouped;
     detail::Driver &driver = s.servers[0]->driver();
     if (group) driver.commGroup(true);
@@ -479,12 +508,9 @@ void nativeAll(CommunicatorState &s, bp_collective op, std::span<const Buffer> s
             args.reduce = static_cast<bp_reduce_op>(reduce);
             args.peer = peer;
             args.count = count;
-            const bool noSend = op == BP_COLLECTIVE_RECV;
-            const bool noRecv = op == BP_COLLECTIVE_SEND;
             s.servers[i]->collective(s.stream(), s.comms[i].get(), args,
                                      noSend ? nullptr : &send[i], sendBytes,
-                                     noRecv ? nullptr : &recv[i], recvBytes,
-                                     std::string("Communicator::") + what);
+                                     noRecv ? nullptr : &recv[i], recvBytes, name);
         }
     } catch (...) {
         if (group) driver.commGroup(false);
@@ -499,6 +525,7 @@ void Communicator::allReduce(std::span<const Buffer> send, std::span<const Buffe
                              uint64_t count, DataType type, ReduceOp op) {
     CommunicatorState &s = stateOf(state_, "allReduce");
     s.checkUsable("allReduce");
+    checkOp(op, "allReduce");
     checkSpans(s, send, recv, "allReduce");
     const uint64_t bytes = bytesOf(count, type, 1, "allReduce");
     if (!s.staged)
@@ -517,6 +544,7 @@ void Communicator::reduce(std::span<const Buffer> send, std::span<const Buffer> 
                           uint64_t count, DataType type, ReduceOp op, uint32_t root) {
     CommunicatorState &s = stateOf(state_, "reduce");
     s.checkUsable("reduce");
+    checkOp(op, "reduce");
     checkSpans(s, send, recv, "reduce");
     checkRoot(s, root, "reduce");
     const uint64_t bytes = bytesOf(count, type, 1, "reduce");
@@ -594,6 +622,7 @@ void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const B
                                  uint64_t count, DataType type, ReduceOp op) {
     CommunicatorState &s = stateOf(state_, "reduceScatter");
     s.checkUsable("reduceScatter");
+    checkOp(op, "reduceScatter");
     checkSpans(s, send, recv, "reduceScatter");
     const uint64_t bytes = bytesOf(count, type, 1, "reduceScatter");
     const uint64_t total = bytesOf(count, type, s.worldSize, "reduceScatter");
@@ -614,6 +643,33 @@ void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const B
 }
 
 namespace {
+/// Native engine: a send or recv between two ranks of this process waits for groupEnd.
+void holdLocalP2p(CommunicatorState &s, CommunicatorState::LocalP2p p2p, const char *what) {
+    if (!s.grouped)
+        detail::invalid(std::string("Communicator::") + what,
+                        "ranks " + std::to_string(p2p.from) + " and " + std::to_string(p2p.to) +
+                            " are both of this process: put the send and the recv in one group "
+                            "(groupStart ... groupEnd), as NCCL requires when one thread drives "
+                            "both");
+    s.localP2p.push_back(std::move(p2p));
+}
+
+/// The held sends and recvs pair up exactly (each send with a recv of the same size, in order).
+void checkLocalPairs(const std::vector<CommunicatorState::LocalP2p> &held) {
+    std::map<std::pair<uint32_t, uint32_t>, std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>
+        pairs;
+    for (const auto &p : held)
+        (p.sending ? pairs[{p.from, p.to}].first : pairs[{p.from, p.to}].second).push_back(p.bytes);
+    for (const auto &[key, sides] : pairs)
+        if (sides.first != sides.second)
+            detail::invalid("Communicator::groupEnd",
+                            "rank " + std::to_string(key.first) + " sends " +
+                                std::to_string(sides.first.size()) + " message(s) to rank " +
+                                std::to_string(key.second) + ", which receives " +
+                                std::to_string(sides.second.size()) +
+                                " (or their sizes differ); nothing of them was issued");
+}
+
 void checkPeer(const CommunicatorState &s, uint32_t peer, size_t local, const char *what) {
     if (local >= s.servers.size())
         detail::invalid(std::string("Communicator::") + what,
@@ -640,8 +696,16 @@ void Communicator::send(const Buffer &buffer, uint64_t count, DataType type, uin
         args.type = static_cast<bp_data_type>(type);
         args.peer = peer;
         args.count = count;
-        s.servers[local]->collective(s.stream(), s.comms[local].get(), args, &buffer, bytes,
-                                     nullptr, 0, "Communicator::send");
+        s.servers[local]->checkCollective(&buffer, bytes, nullptr, 0, "Communicator::send");
+        auto issue = [&s, args, buffer, bytes, local] {
+            s.servers[local]->collective(s.stream(), s.comms[local].get(), args, &buffer, bytes,
+                                         nullptr, 0, "Communicator::send");
+        };
+        if (s.processOfRank[peer] == s.process) {
+            holdLocalP2p(s, {me, peer, bytes, true, std::move(issue)}, "send");
+            return;
+        }
+        issue();
         return;
     }
     detail::checkBufferRange(buffer, 0, bytes, "Communicator::send: the buffer");
@@ -676,8 +740,16 @@ void Communicator::recv(const Buffer &buffer, uint64_t count, DataType type, uin
         args.type = static_cast<bp_data_type>(type);
         args.peer = peer;
         args.count = count;
-        s.servers[local]->collective(s.stream(), s.comms[local].get(), args, nullptr, 0, &buffer,
-                                     bytes, "Communicator::recv");
+        s.servers[local]->checkCollective(nullptr, 0, &buffer, bytes, "Communicator::recv");
+        auto issue = [&s, args, buffer, bytes, local] {
+            s.servers[local]->collective(s.stream(), s.comms[local].get(), args, nullptr, 0,
+                                         &buffer, bytes, "Communicator::recv");
+        };
+        if (s.processOfRank[peer] == s.process) {
+            holdLocalP2p(s, {peer, me, bytes, false, std::move(issue)}, "recv");
+            return;
+        }
+        issue();
         return;
     }
     detail::checkBufferRange(buffer, 0, bytes, "Communicator::recv: the buffer");
@@ -733,7 +805,17 @@ void Communicator::groupEnd() {
     if (!s.grouped) detail::invalid("Communicator::groupEnd", "no group is open");
     s.grouped = false;
     if (!s.staged) {
-        s.servers[0]->driver().commGroup(false);
+        std::vector<CommunicatorState::LocalP2p> held = std::move(s.localP2p);
+        s.localP2p.clear();
+        detail::Driver &driver = s.servers[0]->driver();
+        try {
+            checkLocalPairs(held);
+            for (auto &p : held) p.issue();
+        } catch (...) {
+            driver.commGroup(false);
+            throw;
+        }
+        driver.commGroup(false);
         return;
     }
     std::vector<CommunicatorState::Deferred> runs = std::move(s.deferred);

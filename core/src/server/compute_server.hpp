@@ -111,6 +111,10 @@ public:
     void collective(StreamId stream, bp_comm *comm, bp_collective_args args, const Buffer *send,
                     uint64_t sendBytes, const Buffer *recv, uint64_t recvBytes,
                     const std::string &what);
+    /// collective()'s checks alone (the buffers are this server's and large enough), so that a
+    /// group of several ranks is refused before any of it is recorded.
+    void checkCollective(const Buffer *send, uint64_t sendBytes, const Buffer *recv,
+                         uint64_t recvBytes, const std::string &what) const;
     /// Copies into a buffer of another server (device_copy.cpp); see ComputeClient::copy.
     void copyToDevice(StreamId stream, const Buffer &src, uint64_t srcOffset, ComputeServer &dst,
                       StreamId dstStream, const Buffer &dstBuffer, uint64_t dstOffset,

@@ -7,6 +7,7 @@
 #include "server/compute_server.hpp"
 
 #include <future>
+#include <tuple>
 
 namespace backplane::detail {
 
@@ -135,10 +136,31 @@ void ComputeServer::copyStagedTo(StreamId stream, const Buffer &src, uint64_t sr
 
 namespace backplane::detail {
 
+void ComputeServer::checkCollective(const Buffer *send, uint64_t sendBytes, const Buffer *recv,
+                                    uint64_t recvBytes, const std::string &what) const {
+    checkAlive();
+    if (!multi_)
+        throw Error(ErrorCode::Unsupported,
+                    what + ": " + info().id() +
+                        " has no asynchronous streams; collectives need them",
+                    info().backend);
+    for (const auto &[buffer, bytes, side] :
+         {std::tuple{send, sendBytes, ": the send buffer"},
+          std::tuple{recv, recvBytes, ": the receive buffer"}}) {
+        if (buffer == nullptr) continue;
+        const std::shared_ptr<Slice> &slice = sliceOf(*buffer, what.c_str());
+        checkBufferRange(*buffer, 0, bytes, (what + side).c_str());
+        if (slice->memory == nullptr)
+            throw Error(ErrorCode::InvalidArgument,
+                        what + side + " is a zero-byte Buffer: it has no memory to take part "
+                                      "in a collective");
+    }
+}
+
 void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_args args,
                                const Buffer *send, uint64_t sendBytes, const Buffer *recv,
                                uint64_t recvBytes, const std::string &what) {
-    checkAlive();
+    checkCollective(send, sendBytes, recv, recvBytes, what);
     boost::container::small_vector<SlicePtr, 2> slices;
     if (send != nullptr) {
         slices.push_back(&sliceOf(*send, what.c_str()));
@@ -152,14 +174,6 @@ void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_arg
         args.recv = (*slices.back())->memory;
         args.recv_offset = (*slices.back())->offset + recv->offset();
     }
-    if ((send != nullptr && send->size() != 0 && args.send == nullptr) ||
-        (recv != nullptr && recv->size() != 0 && args.recv == nullptr))
-        throw Error(ErrorCode::InvalidArgument, what + ": a zero-byte Buffer has no memory");
-    if (!multi_)
-        throw Error(ErrorCode::Unsupported,
-                    what + ": " + info().id() +
-                        " has no asynchronous streams; collectives need them",
-                    info().backend);
     const uint32_t slot = slotOf(stream);
     Driver *driver = driver_.get();
     {

@@ -108,23 +108,70 @@ std::vector<Run> runsOf(const Tensor &t) {
     }
 }
 
+/// Whether the elements are packed row-major from the buffer's start (one plain transfer).
+bool isPacked(const Tensor &t) {
+    uint64_t expected = 1;
+    for (size_t i = t.shape.size(); i-- > 0;) {
+        if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+        expected *= t.shape[i];
+    }
+    return true;
+}
+
+/// Packs the tensor's elements from `span` (its bytes from the buffer's start) into `out`, in
+/// row-major order: a row at a time where the last dimension is contiguous, else an element at
+/// a time. Walks the indices; allocates nothing per element (a broadcast of many elements
+/// costs only its output).
+void gather(const Tensor &t, const std::byte *span, std::byte *out) {
+    const size_t dims = t.shape.size();
+    const uint64_t es = t.elementSize;
+    if (dims == 0) {
+        std::memcpy(out, span, es);
+        return;
+    }
+    const uint64_t inner = t.shape[dims - 1];
+    const uint64_t innerStride = t.strides[dims - 1];
+    std::vector<uint64_t> index(dims, 0);
+    while (true) {
+        uint64_t base = 0;
+        for (size_t i = 0; i + 1 < dims; ++i) base += index[i] * t.strides[i];
+        if (innerStride == 1) {
+            std::memcpy(out, span + base * es, inner * es);
+            out += inner * es;
+        } else {
+            for (uint64_t j = 0; j < inner; ++j, out += es)
+                std::memcpy(out, span + (base + j * innerStride) * es, es);
+        }
+        size_t d = dims - 1;
+        while (d > 0) {
+            --d;
+            if (++index[d] < t.shape[d]) break;
+            index[d] = 0;
+            if (d == 0) return;
+        }
+        if (dims == 1) return;
+    }
+}
+
 } // namespace
 
 ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
     const uint64_t packed = checkTensor(tensor, "readTensor", false);
     if (packed == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
-    std::vector<Run> runs = runsOf(tensor);
-    if (runs.size() == 1 && runs.front().bytes == packed)
-        return read(stream, tensor.buffer, runs.front().device, packed);
-    // One read of the whole span (one transfer beats one per row), packed on the host.
-    uint64_t span = 0;
-    for (const Run &r : runs) span = std::max(span, r.device + r.bytes);
+    if (isPacked(tensor)) return read(stream, tensor.buffer, 0, packed);
+    // One read of the whole span (one transfer beats one per row), packed on the host. The
+    // result is allocated now: a tensor too large for host memory fails here (std::bad_alloc),
+    // before anything is transferred.
+    uint64_t last = 0;
+    for (size_t i = 0; i < tensor.shape.size(); ++i)
+        last += (tensor.shape[i] - 1) * tensor.strides[i];
+    const uint64_t span = (last + 1) * tensor.elementSize;
+    auto out = std::make_shared<std::vector<std::byte>>(packed);
     auto whole = std::make_shared<ReadFuture>(read(stream, tensor.buffer, 0, span));
-    return ReadFuture([whole, runs = std::move(runs), packed] {
+    return ReadFuture([whole, out, tensor] {
         const std::vector<std::byte> bytes = whole->wait();
-        std::vector<std::byte> out(packed);
-        for (const Run &r : runs) std::memcpy(out.data() + r.host, bytes.data() + r.device, r.bytes);
-        return out;
+        gather(tensor, bytes.data(), out->data());
+        return std::move(*out);
     });
 }
 
