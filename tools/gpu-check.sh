@@ -47,11 +47,13 @@ if [ "$mode" = multidevice ]; then
     export NCCL_NVLS_ENABLE=0 # NVLink multicast must stay off on the shared hosts (DEVICE.md)
     export BACKPLANE_NCCL_LIBRARY=${BACKPLANE_NCCL_LIBRARY:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2}
     gpus=$(nvidia-smi -L | wc -l)
-    nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
+    # At most 8 files come back: demo logs of the ranks stay in /tmp, the rest is appended.
+    nvidia-smi topo -m > "$OUT/summary.txt" 2>&1
     $tool devices > "$OUT/devices.txt" 2>&1
-    sed -n '/^Collectives/,/^$/p' "$OUT/devices.txt" | tee "$OUT/summary.txt"
+    sed -n '/^Collectives/,/^$/p' "$OUT/devices.txt" | tee -a "$OUT/summary.txt"
     python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
         --suite multidevice | tee -a "$OUT/summary.txt"
+    grep -E -B3 -A12 "ERROR|FATAL|CRASHED" "$OUT/tests.log" | head -120 >> "$OUT/summary.txt"
     $tool conformance --plugin cuda --case collectives --case peer > "$OUT/conformance.txt" 2>&1
     echo "conformance cuda (collectives, peer): rc=$? $(tail -1 "$OUT/conformance.txt")" | tee -a "$OUT/summary.txt"
     list=$(seq -s, -f 'cuda:%g' 0 $((gpus - 1)))
@@ -61,20 +63,21 @@ if [ "$mode" = multidevice ]; then
         pids=()
         for r in $(seq 0 $((gpus - 1))); do
             BACKPLANE_RANK=$r BACKPLANE_WORLD_SIZE=$gpus BACKPLANE_RENDEZVOUS=$rdv \
-                timeout 300 $tool demo --devices cuda:$r > "$OUT/demo-$r.txt" 2>&1 &
+                timeout 300 $tool demo --devices cuda:$r > "/tmp/demo-$r.txt" 2>&1 &
             pids+=($!)
         done
         rcs=""
         for p in "${pids[@]}"; do wait "$p"; rcs="$rcs $?"; done
         echo "demo, one process per GPU ($rdv): rc=$rcs" | tee -a "$OUT/summary.txt"
-        cat "$OUT"/demo-*.txt >> "$OUT/demo.txt"
+        cat /tmp/demo-*.txt >> "$OUT/demo.txt"
     done
     timeout 300 $tool demo --devices all >> "$OUT/demo.txt" 2>&1
     echo "demo --devices all: rc=$?" | tee -a "$OUT/summary.txt"
     grep -E "^(rank|engine|all-reduce|PASS|FAIL)" "$OUT/demo.txt" | tee -a "$OUT/summary.txt"
-    timeout 400 $tool bench multidevice > "$OUT/bench.txt" 2> "$OUT/bench-notes.txt"
+    timeout 400 $tool bench multidevice > "$OUT/bench.txt" 2> /tmp/bench-notes.txt
     echo "bench multidevice rc=$?" | tee -a "$OUT/summary.txt"
-    cat "$OUT/bench.txt" "$OUT/bench-notes.txt" | tee -a "$OUT/summary.txt"
+    cat /tmp/bench-notes.txt >> "$OUT/bench.txt"
+    cat "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
     exit 0
 fi
 # `tests`: only the GPU plugins' test suites (CUDA, Vulkan on the NVIDIA driver, conformance).
