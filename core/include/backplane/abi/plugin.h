@@ -388,7 +388,9 @@ typedef struct bp_launch_args {
  * A collective is stream-ordered like a launch: it starts after earlier work of the stream, and
  * later work waits for it. When one thread issues one collective for several local ranks, the
  * core brackets those calls with comm_group(begin = 1) ... comm_group(begin = 0) (NCCL's group
- * semantics); a plugin whose collective call only enqueues may treat the group as a no-op.
+ * semantics); a plugin whose collective call only enqueues may treat the group as a no-op, and a
+ * plugin may defer a group's collectives to its end (so the core flushes no event on those
+ * streams inside a group).
  * Every rank issues the same collectives in the same order (the engines' rule).
  *
  * A collective whose peer failed, left or exceeded the timeout fails with BP_ERROR_REMOTE: from
