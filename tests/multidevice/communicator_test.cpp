@@ -338,6 +338,9 @@ TEST_CASE("a rank that dies before a collective gives the survivor a clear error
             options.timeout = 20s;
             options.hostClient = devices[0];
             Communicator comm = Communicator::create(devices, *rendezvous, options);
+            // Both have joined (else process 1 could exit while process 0 still connects, and
+            // the error would come from create): one more rendezvous step, then process 1 dies.
+            (void)rendezvous->allGather({}, 10s);
             if (p == 1) _exit(0); // dies without a word, its sockets closed by the kernel
             const std::vector<float> ones(1 << 20, 1.0f);
             Buffer b = devices[0].createFrom<float>(ones);

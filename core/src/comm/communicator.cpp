@@ -680,6 +680,33 @@ void checkPeer(const CommunicatorState &s, uint32_t peer, size_t local, const ch
         detail::invalid(std::string("Communicator::") + what,
                         "rank " + std::to_string(peer) + " cannot send to or receive from itself");
 }
+
+/// A native send (`sending`) or recv of local device `local`: issued now to another process's
+/// rank, held for groupEnd's pairing between two ranks of this process.
+void nativeP2p(CommunicatorState &s, bool sending, const Buffer &buffer, uint64_t count,
+               DataType type, uint32_t peer, size_t local, uint64_t bytes) {
+    const char *what = sending ? "Communicator::send" : "Communicator::recv";
+    bp_collective_args args{};
+    args.struct_size = sizeof(args);
+    args.op = sending ? BP_COLLECTIVE_SEND : BP_COLLECTIVE_RECV;
+    args.type = static_cast<bp_data_type>(type);
+    args.peer = peer;
+    args.count = count;
+    const Buffer *send = sending ? &buffer : nullptr;
+    const Buffer *recv = sending ? nullptr : &buffer;
+    s.servers[local]->checkCollective(send, sending ? bytes : 0, recv, sending ? 0 : bytes, what);
+    auto issue = [&s, args, buffer, bytes, local, sending, what] {
+        const Buffer *in = sending ? &buffer : nullptr;
+        const Buffer *out = sending ? nullptr : &buffer;
+        s.servers[local]->collective(s.stream(), s.comms[local].get(), args, in,
+                                     sending ? bytes : 0, out, sending ? 0 : bytes, what);
+    };
+    if (s.processOfRank[peer] != s.process) return issue();
+    const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
+    holdLocalP2p(s,
+                 {sending ? me : peer, sending ? peer : me, bytes, sending, std::move(issue)},
+                 sending ? "send" : "recv");
+}
 } // namespace
 
 void Communicator::send(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
@@ -689,25 +716,7 @@ void Communicator::send(const Buffer &buffer, uint64_t count, DataType type, uin
     checkPeer(s, peer, local, "send");
     const uint64_t bytes = bytesOf(count, type, 1, "send");
     const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
-    if (!s.staged) {
-        bp_collective_args args{};
-        args.struct_size = sizeof(args);
-        args.op = BP_COLLECTIVE_SEND;
-        args.type = static_cast<bp_data_type>(type);
-        args.peer = peer;
-        args.count = count;
-        s.servers[local]->checkCollective(&buffer, bytes, nullptr, 0, "Communicator::send");
-        auto issue = [&s, args, buffer, bytes, local] {
-            s.servers[local]->collective(s.stream(), s.comms[local].get(), args, &buffer, bytes,
-                                         nullptr, 0, "Communicator::send");
-        };
-        if (s.processOfRank[peer] == s.process) {
-            holdLocalP2p(s, {me, peer, bytes, true, std::move(issue)}, "send");
-            return;
-        }
-        issue();
-        return;
-    }
+    if (!s.staged) return nativeP2p(s, true, buffer, count, type, peer, local, bytes);
     detail::checkBufferRange(buffer, 0, bytes, "Communicator::send: the buffer");
     Bytes data = detail::readAll(*s.servers[local], s.stream(), buffer, bytes);
     if (s.processOfRank[peer] == s.process) {
@@ -733,25 +742,7 @@ void Communicator::recv(const Buffer &buffer, uint64_t count, DataType type, uin
     checkPeer(s, peer, local, "recv");
     const uint64_t bytes = bytesOf(count, type, 1, "recv");
     const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
-    if (!s.staged) {
-        bp_collective_args args{};
-        args.struct_size = sizeof(args);
-        args.op = BP_COLLECTIVE_RECV;
-        args.type = static_cast<bp_data_type>(type);
-        args.peer = peer;
-        args.count = count;
-        s.servers[local]->checkCollective(nullptr, 0, &buffer, bytes, "Communicator::recv");
-        auto issue = [&s, args, buffer, bytes, local] {
-            s.servers[local]->collective(s.stream(), s.comms[local].get(), args, nullptr, 0,
-                                         &buffer, bytes, "Communicator::recv");
-        };
-        if (s.processOfRank[peer] == s.process) {
-            holdLocalP2p(s, {peer, me, bytes, false, std::move(issue)}, "recv");
-            return;
-        }
-        issue();
-        return;
-    }
+    if (!s.staged) return nativeP2p(s, false, buffer, count, type, peer, local, bytes);
     detail::checkBufferRange(buffer, 0, bytes, "Communicator::recv: the buffer");
     const bool remote = s.processOfRank[peer] != s.process;
     if (remote && s.grouped) {
