@@ -41,7 +41,8 @@ void checkRange(const HostMemory &memory, uint64_t offset, uint64_t size, const 
                 std::to_string(memory.size()) + " bytes");
 }
 
-/// Reads a bp_host_kernel_source of a caller that may know an older (smaller) layout.
+/// Reads a bp_host_kernel_source of a caller that may know an older (smaller) layout: a 1.1
+/// caller's ends before user_data, which then stays NULL.
 bp_host_kernel_source readHostSource(const void *data, size_t size, const std::string &what) {
     constexpr size_t kMinimum =
         offsetof(bp_host_kernel_source, function) + sizeof(bp_host_kernel_fn);
@@ -64,6 +65,7 @@ bp_host_kernel_source readHostSource(const void *data, size_t size, const std::s
 /// Everything a launch needs at execution time, copied when it is recorded.
 struct LaunchRecord {
     bp_host_kernel_fn function = nullptr;
+    const void *userData = nullptr;
     uint32_t grid[3] = {0, 0, 0};
     const unsigned char *indirectGrid = nullptr; ///< three uint32 read at execution time
     uint32_t block[3] = {1, 1, 1};
@@ -98,6 +100,7 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
         context.buffer_count = static_cast<uint32_t>(launch.buffers.size());
         context.scalars = launch.scalars.empty() ? nullptr : launch.scalars.data();
         context.scalar_size = launch.scalars.size();
+        context.user_data = launch.userData;
         launch.function(&context);
     });
 }
@@ -303,11 +306,12 @@ void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput 
                              "; give the kernel a host variant or use a GPU plugin");
     const bp_host_kernel_source source =
         readHostSource(args.source, args.source_size, "kernel_compile of '" + entry + "'");
+    // The blob is the source at this plugin's full size, so user_data travels to kernel_load.
     const auto *bytes = reinterpret_cast<const unsigned char *>(&source);
     out.binary.assign(bytes, bytes + sizeof(source));
     std::ostringstream log;
     log << "host kernel '" << entry << "': native function at "
-        << reinterpret_cast<const void *>(source.function)
+        << reinterpret_cast<const void *>(source.function) << " with user_data " << source.user_data
         << "; the blob is valid in this process only\n";
     out.log = log.str();
 }
@@ -320,7 +324,7 @@ std::unique_ptr<sdk::Kernel> HostDevice::load(const bp_kernel_load_args &args) {
                                                    sdk::dialectName(args.dialect) + " blob");
     const bp_host_kernel_source source =
         readHostSource(args.binary, args.binary_size, "kernel_load of '" + entry + "'");
-    return std::make_unique<HostKernel>(source.function, entry);
+    return std::make_unique<HostKernel>(source.function, source.user_data, entry);
 }
 
 void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
@@ -333,6 +337,7 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
 
     LaunchRecord record;
     record.function = kernel->function();
+    record.userData = kernel->userData();
     record.entryPoint = kernel->entryPoint();
 
     uint64_t threads = 1;

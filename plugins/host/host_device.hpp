@@ -35,17 +35,20 @@ private:
     uint64_t size_;
 };
 
-/// A loaded host-dialect kernel: a function pointer of this process.
+/// A loaded host-dialect kernel: a function pointer of this process and the caller's user_data
+/// (ABI 1.2; borrowed, never dereferenced: passed to every call of the function).
 class HostKernel final : public sdk::Kernel {
 public:
-    HostKernel(bp_host_kernel_fn fn, std::string entryPoint)
-        : function_(fn), entryPoint_(std::move(entryPoint)) {}
+    HostKernel(bp_host_kernel_fn fn, const void *userData, std::string entryPoint)
+        : function_(fn), userData_(userData), entryPoint_(std::move(entryPoint)) {}
 
     bp_host_kernel_fn function() const noexcept { return function_; }
+    const void *userData() const noexcept { return userData_; }
     const std::string &entryPoint() const noexcept { return entryPoint_; }
 
 private:
     bp_host_kernel_fn function_;
+    const void *userData_;
     std::string entryPoint_;
 };
 

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -97,6 +99,18 @@ void censusKernel(const bp_host_kernel_context *context) {
     std::this_thread::sleep_for(census->nap);
     census->inFlight.fetch_sub(1);
     census->calls.fetch_add(1);
+}
+
+/// buffer 0: uint32 per workgroup, set to the uint32 that user_data points to; 0 when user_data
+/// is NULL, UINT32_MAX when the context is too small to carry it.
+void userDataKernel(const bp_host_kernel_context *context) {
+    const auto &g = context->grid;
+    const auto &w = context->workgroup;
+    const uint64_t linear = (uint64_t{w[2]} * g[1] + w[1]) * g[0] + w[0];
+    uint32_t seen = UINT32_MAX;
+    if (context->struct_size >= offsetof(bp_host_kernel_context, user_data) + sizeof(void *))
+        seen = context->user_data ? *static_cast<const uint32_t *>(context->user_data) : 0;
+    static_cast<uint32_t *>(context->buffers[0])[linear] = seen;
 }
 
 /// Sleeps for the milliseconds in scalars (uint32).
@@ -205,15 +219,21 @@ public:
     /// Flushes and waits: everything recorded on `stream` so far has run.
     void finish(bp_stream *stream) { wait(flush(stream)); }
 
-    bp_kernel *loadKernel(bp_host_kernel_fn function, const char *name) {
+    /// Compiles and loads a host kernel. `sourceSize` is the bp_host_kernel_source the caller
+    /// knows (its struct_size and the source_size): less than sizeof for an older caller.
+    bp_kernel *loadKernel(bp_host_kernel_fn function, const char *name,
+                          const void *userData = nullptr,
+                          size_t sourceSize = sizeof(bp_host_kernel_source)) {
         auto source = makeStruct<bp_host_kernel_source>();
+        source.struct_size = sourceSize;
         source.function = function;
+        source.user_data = userData;
         std::vector<unsigned char> blob;
         auto compile = makeStruct<bp_kernel_compile_args>();
         compile.dialect = BP_DIALECT_HOST;
         compile.entry_point = name;
         compile.source = &source;
-        compile.source_size = sizeof(source);
+        compile.source_size = sourceSize;
         compile.binary = {&blob, &appendToVector};
         ok(api.kernel_compile(device, &compile, err()));
         auto load = makeStruct<bp_kernel_load_args>();
@@ -721,6 +741,56 @@ TEST_CASE("every workgroup runs once, in parallel over the workers") {
         else
             CHECK(state.maxInFlight > 1);
     }
+}
+
+TEST_CASE("user_data reaches every workgroup call, through compile and load") {
+    for (const std::string options : {R"({"workers": 4})", R"({"mode": "sync"})"}) {
+        CAPTURE(options);
+        Session session(options);
+        bp_stream *stream = session.createStream();
+        // One function, two kernels: only their user_data tells them apart.
+        const uint32_t tags[2] = {11, 22};
+        bp_kernel *kernels[2] = {session.loadKernel(&userDataKernel, "user_data", &tags[0]),
+                                 session.loadKernel(&userDataKernel, "user_data", &tags[1])};
+        Page out[2];
+        for (int k = 0; k < 2; ++k) {
+            out[k] = session.allocate(30 * 4);
+            std::memset(out[k].mapped, 0, 30 * 4);
+            bp_binding binding{out[k].memory, 0, 30 * 4};
+            auto args = Session::launchArgs(kernels[k], 5);
+            args.grid[1] = 3;
+            args.grid[2] = 2;
+            args.bindings = &binding;
+            args.binding_count = 1;
+            session.ok(session.launch(stream, args));
+        }
+        session.finish(stream);
+        for (int k = 0; k < 2; ++k)
+            for (uint32_t i = 0; i < 30; ++i) {
+                CAPTURE(k);
+                CAPTURE(i);
+                REQUIRE(out[k].as<uint32_t>()[i] == tags[k]);
+            }
+    }
+}
+
+TEST_CASE("a kernel compiled from a 1.1-sized bp_host_kernel_source gets user_data NULL") {
+    Session session;
+    bp_stream *stream = session.createStream();
+    // The 1.1 layout ends before user_data: the pointer stored behind it is not the caller's.
+    const uint32_t tag = 33;
+    bp_kernel *kernel = session.loadKernel(&userDataKernel, "user_data", &tag,
+                                           offsetof(bp_host_kernel_source, user_data));
+    const Page out = session.allocate(4 * 4);
+    std::memset(out.mapped, 0xff, 4 * 4);
+    bp_binding binding{out.memory, 0, 4 * 4};
+    auto args = Session::launchArgs(kernel, 4);
+    args.bindings = &binding;
+    args.binding_count = 1;
+    session.ok(session.launch(stream, args));
+    session.finish(stream);
+    for (uint32_t i = 0; i < 4; ++i)
+        REQUIRE(out.as<uint32_t>()[i] == 0);
 }
 
 TEST_CASE("indirect dispatch reads the grid from memory when the launch runs") {

@@ -18,6 +18,9 @@
 namespace backplane {
 
 class ComputeClient;
+namespace lang {
+class Kernel; // backplane/lang.hpp
+} // namespace lang
 namespace detail {
 class ComputeServer;
 class PinnedBlock;
@@ -245,6 +248,9 @@ public:
     // kernels -----------------------------------------------------------------------------------
     /// Compiles (or finds in the caches) the variant the device accepts and launches it.
     void execute(const KernelSource &kernel, const Dispatch &dispatch);
+    /// Launches a portable kernel (backplane/lang.hpp): checks the dispatch against its signature,
+    /// appends the buffer lengths it reads, and hands the device the variant it accepts.
+    void execute(const lang::Kernel &kernel, const Dispatch &dispatch);
     /// Compiles and loads ahead of the first launch (optional).
     void prepare(const KernelSource &kernel);
 

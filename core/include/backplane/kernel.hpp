@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,10 +22,16 @@ struct KernelVariant {
     Dialect dialect = Dialect::Host;
     /// Function name in the source ("main" for GLSL, the extern "C" name for CUDA/HIP).
     std::string entryPoint;
-    /// Source text (CUDA, HIP, GLSL) or binary bytes (SPIR-V); empty for Host.
+    /// Source text (CUDA, HIP, GLSL) or binary bytes (SPIR-V). For Host: empty, or the key of
+    /// hostData (what the data means), which the kernel cache compares in its place.
     std::string source;
     /// The native function of a Host variant (called once per workgroup); null otherwise.
     bp_host_kernel_fn hostFunction = nullptr;
+    /// Host variants only: passed to the function as bp_host_kernel_context::user_data; kept
+    /// alive by the core as long as it may call the function; needs a plugin of ABI 1.2. The
+    /// kernel cache does not compare the pointer but `source` (the key): a variant rebuilt with
+    /// equal key and other data reuses the kernel compiled first, and with it the first data.
+    std::shared_ptr<const void> hostData;
     /// Compiler options ("-DTILE=16"); part of the cache key.
     std::vector<std::string> options;
 
@@ -53,6 +60,18 @@ struct KernelVariant {
         v.dialect = Dialect::Host;
         v.entryPoint = std::move(entryPoint);
         v.hostFunction = function;
+        return v;
+    }
+    /// A Host variant with data: `function` is called once per workgroup with `data.get()` as
+    /// bp_host_kernel_context::user_data (an interpreter and its program, say). `key` names what
+    /// the data means and goes into `source`: equal keys must mean equal data, since the cache
+    /// compiles a (name, function, entry point, key) once. Needs a plugin of ABI 1.2; on an older
+    /// one the variant is skipped.
+    static KernelVariant host(bp_host_kernel_fn function, std::string entryPoint,
+                              std::shared_ptr<const void> data, std::string key) {
+        KernelVariant v = host(function, std::move(entryPoint));
+        v.hostData = std::move(data);
+        v.source = std::move(key);
         return v;
     }
 };

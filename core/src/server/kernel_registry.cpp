@@ -18,6 +18,8 @@ uint64_t fnv1a(const void *data, size_t size, uint64_t h = 0xcbf29ce484222325ull
     return fnv1a64({static_cast<const unsigned char *>(data), size}, h);
 }
 
+// Not hostData: a host variant's data is named by its key (`source`), so a KernelSource rebuilt
+// per call with a new data object finds the kernel compiled first (which keeps its own data).
 bool sameVariant(const KernelVariant &a, const KernelVariant &b) {
     return a.dialect == b.dialect && a.hostFunction == b.hostFunction &&
            a.entryPoint == b.entryPoint && a.source == b.source && a.options == b.options;
@@ -48,15 +50,34 @@ KernelRegistry::KernelRegistry(std::shared_ptr<Driver> driver, const Config &con
 
 const KernelVariant &KernelRegistry::variantFor(const KernelSource &kernel) const {
     const DeviceInfo &d = driver_->info();
-    for (const KernelVariant &v : kernel.variants)
-        if (d.accepts(v.dialect)) return v;
+    // A plugin older than ABI 1.2 would drop bp_host_kernel_source::user_data without a word.
+    const bool takesHostData = driver_->plugin().abiMinor() >= 2;
+    const auto needsData = [](const KernelVariant &v) {
+        return v.dialect == Dialect::Host && v.hostData != nullptr;
+    };
+    bool skippedData = false;
+    for (const KernelVariant &v : kernel.variants) {
+        if (!d.accepts(v.dialect)) continue;
+        if (needsData(v) && !takesHostData) {
+            skippedData = true;
+            continue;
+        }
+        return v;
+    }
     std::string given;
     for (const KernelVariant &v : kernel.variants)
-        given += std::string(given.empty() ? "" : ", ") + toString(v.dialect);
+        given += std::string(given.empty() ? "" : ", ") + toString(v.dialect) +
+                 (needsData(v) ? " with data" : "");
+    const std::string why =
+        skippedData ? "; plugin '" + driver_->plugin().name() + "' speaks ABI " +
+                          std::to_string(driver_->plugin().api().abi_major) + "." +
+                          std::to_string(driver_->plugin().abiMinor()) +
+                          "; host kernels with data need 1.2: update the plugin, or add a "
+                          "variant without data"
+                    : "; add a variant in one of the device's dialects";
     throw Error(ErrorCode::Unsupported,
                 "kernel '" + kernel.name + "' has no variant " + d.id() +
-                    " accepts (variants: " + (given.empty() ? "none" : given) +
-                    "); add a variant in one of the device's dialects",
+                    " accepts (variants: " + (given.empty() ? "none" : given) + ")" + why,
                 d.backend);
 }
 
@@ -124,15 +145,19 @@ KernelRegistry::Recompiled KernelRegistry::recompileAfterLaunchFailure(const Ker
     // Launch and Compile are what a plugin reports when it cannot build what a binary says (a
     // Vulkan pipeline); bad arguments, lost devices and full memory are not the binary's fault.
     if (error.code() != ErrorCode::Launch && error.code() != ErrorCode::Compile) return {};
-    const KernelVariant &variant = variantFor(kernel);
-    const uint64_t key = fastKey(kernel.name, variant);
+    const KernelVariant &chosen = variantFor(kernel);
+    const uint64_t key = fastKey(kernel.name, chosen);
     std::promise<bp_kernel *> promise;
     std::shared_future<bp_kernel *> pending;
     Entry *entry = nullptr;
+    // The entry's own copy, not the caller's: a host variant's data may be another object than
+    // the one the entry keeps alive, and the fresh kernel must point at the kept one.
+    KernelVariant variant;
     {
         std::lock_guard lock(mutex_);
-        entry = findEntryLocked(key, kernel, variant);
+        entry = findEntryLocked(key, kernel, chosen);
         if (entry == nullptr) return {};
+        variant = entry->variant;
         if (entry->discarded == failed) {
             // Another caller of the same kernel already replaced it (or is replacing it).
             if (entry->ready != nullptr) return {entry->ready, entry->discardedFile};
@@ -165,7 +190,7 @@ KernelRegistry::Recompiled KernelRegistry::recompileAfterLaunchFailure(const Ker
         {
             std::lock_guard lock(mutex_);
             entry->discardedFile = file;
-            retired_.push_back(std::move(entry->kernel));
+            retired_.push_back({variant.hostData, std::move(entry->kernel)});
             entry->kernel = std::move(fresh);
             entry->ready = handle;
         }
@@ -183,7 +208,7 @@ KernelRegistry::Recompiled KernelRegistry::recompileAfterLaunchFailure(const Ker
         // Like a failed first compile: forget the entry, the next call starts over.
         {
             std::lock_guard lock(mutex_);
-            retired_.push_back(std::move(entry->kernel));
+            retired_.push_back({variant.hostData, std::move(entry->kernel)});
             std::erase_if(entries_[key], [&](const auto &item) { return item.get() == entry; });
         }
         std::rethrow_exception(reported);
@@ -221,7 +246,9 @@ KernelRegistry::Built KernelRegistry::build(const KernelSource &kernel,
 KernelOwner KernelRegistry::compileAndLoad(const KernelSource &kernel, const KernelVariant &variant,
                                            const std::string &diskKey) {
     const auto dialect = static_cast<bp_dialect>(variant.dialect);
-    bp_host_kernel_source hostSource{sizeof(bp_host_kernel_source), variant.hostFunction};
+    // user_data: the entry that holds `variant` keeps hostData alive as long as the kernel.
+    const bp_host_kernel_source hostSource{sizeof(bp_host_kernel_source), variant.hostFunction,
+                                           variant.hostData.get()};
     const void *source = variant.source.data();
     size_t sourceSize = variant.source.size();
     if (variant.dialect == Dialect::Host) {

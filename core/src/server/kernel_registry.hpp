@@ -37,9 +37,11 @@ class KernelRegistry {
 public:
     KernelRegistry(std::shared_ptr<Driver> driver, const Config &config);
 
-    /// The loaded kernel for `kernel`. Throws Error(Unsupported) when no variant fits the device,
-    /// Error(Compile) with the log when compiling fails. A cached binary that does not load is
-    /// discarded and the kernel recompiled (see the class comment).
+    /// The loaded kernel for `kernel`. Throws Error(Unsupported) when no variant fits the device
+    /// (a Host variant with hostData fits only a plugin of ABI 1.2 or newer), Error(Compile) with
+    /// the log when compiling fails. A Host variant's hostData is kept (the first one seen for
+    /// its key) as long as the kernel: until the registry is destroyed. A cached binary that does
+    /// not load is discarded and the kernel recompiled (see the class comment).
     bp_kernel *find(const KernelSource &kernel);
 
     /// What recompileAfterLaunchFailure() gives the caller to retry with.
@@ -64,7 +66,9 @@ public:
 
 private:
     struct Entry {
-        KernelVariant variant; ///< copy, to verify fast-key hits
+        /// Copy, to verify fast-key hits. Its hostData is what the kernel's user_data points at:
+        /// declared before `kernel`, so it outlives it.
+        KernelVariant variant;
         std::string name;
         std::shared_future<bp_kernel *> loaded; ///< for callers that arrive while it compiles
         KernelOwner kernel; ///< set by the compiling thread under the lock
@@ -72,6 +76,12 @@ private:
         bool fromDisk = false;      ///< `kernel` is a disk-cache binary not yet replaced (guarded)
         bp_kernel *discarded = nullptr; ///< the disk-cache kernel a recompile replaced (guarded)
         std::string discardedFile;      ///< its cache file (guarded)
+    };
+    /// A replaced kernel and the host data it may still read (an entry erased after a failed
+    /// recompile no longer holds it). `kernel` is declared last, so it is released first.
+    struct Retired {
+        std::shared_ptr<const void> hostData;
+        KernelOwner kernel;
     };
     struct Built {
         KernelOwner kernel;
@@ -92,7 +102,7 @@ private:
     std::unordered_map<uint64_t, std::vector<std::unique_ptr<Entry>>> entries_;
     /// Kernels replaced after their cached binary failed (guarded by mutex_): launches recorded
     /// with them may still be pending, so they are released with the registry.
-    std::vector<KernelOwner> retired_;
+    std::vector<Retired> retired_;
     std::atomic<uint64_t> compiled_{0};
     std::atomic<uint64_t> memoryHits_{0};
     std::atomic<uint64_t> diskHits_{0};

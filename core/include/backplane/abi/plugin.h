@@ -1,4 +1,4 @@
-/* The backplane plugin ABI, version 1.1: the C contract between the core and a device plugin. */
+/* The backplane plugin ABI, version 1.2: the C contract between the core and a device plugin. */
 #ifndef BACKPLANE_ABI_PLUGIN_H
 #define BACKPLANE_ABI_PLUGIN_H
 
@@ -41,7 +41,7 @@ extern "C" {
 
 /* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
 #define BP_ABI_VERSION_MAJOR 1
-#define BP_ABI_VERSION_MINOR 1
+#define BP_ABI_VERSION_MINOR 2
 
 /* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
@@ -323,15 +323,29 @@ typedef struct bp_host_kernel_context {
     uint32_t buffer_count;
     const void *scalars;
     size_t scalar_size;
+    /* ABI 1.2 */
+    /// bp_host_kernel_source::user_data of the kernel, unchanged; NULL when the kernel was
+    /// compiled from a 1.1 (smaller) bp_host_kernel_source. Read it only when struct_size covers
+    /// it: a 1.1 plugin passes the smaller context.
+    const void *user_data;
 } bp_host_kernel_context;
 
 /// A host-dialect kernel: called once per workgroup, possibly concurrently for different ones.
 typedef void (*bp_host_kernel_fn)(const bp_host_kernel_context *context);
 
 /// The `source` of a BP_DIALECT_HOST kernel: the function itself, passed by address.
+/// source_size is the caller's sizeof(bp_host_kernel_source); a plugin accepts the smaller 1.1
+/// layout (struct_size without user_data) and then passes user_data = NULL.
 typedef struct bp_host_kernel_source {
     size_t struct_size;
     bp_host_kernel_fn function;
+    /* ABI 1.2 */
+    /// Passed unchanged to every call of the function as bp_host_kernel_context::user_data (one
+    /// function can then run many kernels: an interpreter and a per-kernel program). The plugin
+    /// never dereferences it; the caller keeps it alive while the kernel is loaded and until the
+    /// kernel's last launch completed (kernel_release may come earlier). kernel_compile puts it
+    /// in the blob, so kernel_load of that blob passes the same pointer.
+    const void *user_data;
 } bp_host_kernel_source;
 
 typedef struct bp_kernel_compile_args {

@@ -1,0 +1,175 @@
+// Portable kernels written once in the kernel language: saxpy, reduction, prefix sum, tiled matmul.
+#pragma once
+
+#include <backplane/lang.hpp>
+
+#include <string>
+
+/// Each function records its kernel (cheap: microseconds to a few milliseconds for the largest
+/// matmul tiles) and returns it; keep the lang::Kernel and launch it as often as needed. The launch
+/// shape each kernel expects is in its comment. These are also the examples of docs/kernels.md.
+namespace backplane::kernels {
+
+/// y[i] = a * x[i] + y[i] (fused) for i < n. Bindings: x (read), y (read-write); scalars: a (f32),
+/// n (u32). Any 1-D launch covering n threads, e.g. block {256}, grid {ceil(n / 256)}.
+inline lang::Kernel saxpy() {
+    return lang::kernel("saxpy", [](lang::Builder &k) {
+        auto x = k.input<float>();
+        auto y = k.inout<float>();
+        auto a = k.scalar<float>();
+        auto n = k.scalar<uint32_t>();
+        auto i = k.globalId().x;
+        k.If(i < n, [&] { y[i] = fma(a, x[i], y[i]); });
+    });
+}
+
+/// Per-workgroup sums: partial[g] = the sum of the elements x[i], i < n, that workgroup g visits
+/// (a grid-stride loop, then a tree in shared memory with barriers). Launch block {blockSize},
+/// any grid; partial holds at least grid[0] elements. Reduce the partials with a second launch
+/// of grid {1} (n = the first grid's size). T: int32_t, uint32_t or float. blockSize: a power of
+/// two, at most the device's maxBlockThreads.
+template <class T> lang::Kernel reduceSum(uint32_t blockSize) {
+    return lang::kernel("reduce_sum_" + std::string(lang::toString(lang::typeOf<T>())) + "_" +
+                            std::to_string(blockSize),
+                        [blockSize](lang::Builder &k) {
+        auto x = k.input<T>();
+        auto partial = k.output<T>();
+        auto n = k.scalar<uint32_t>();
+        auto tile = k.shared<T>(blockSize);
+        auto t = k.localId().x;
+        auto g = k.groupId().x;
+        auto stride = k.gridSize().x * blockSize;
+        auto sum = k.var<T>(T(0));
+        k.For(g * blockSize + t, n, stride, [&](lang::Value<uint32_t> i) { sum += x[i]; });
+        tile[t] = sum;
+        k.barrier();
+        // A C++ loop over constants: unrolled into log2(blockSize) recorded steps.
+        for (uint32_t half = blockSize / 2; half > 0; half /= 2) {
+            k.If(t < half, [&] { tile[t] = tile[t] + tile[t + half]; });
+            k.barrier();
+        }
+        k.If(t == 0u, [&] { partial[g] = tile[0u]; });
+    });
+}
+
+/// out[i] = x[0] + ... + x[i] for i < n, by one workgroup of blockSize threads walking the input
+/// in chunks of blockSize: a Hillis-Steele scan of each chunk in shared memory plus the running
+/// total of the chunks before it. Launch block {blockSize}, grid {1}. T: int32_t, uint32_t or
+/// float; blockSize a power of two.
+template <class T> lang::Kernel inclusiveScan(uint32_t blockSize) {
+    return lang::kernel("inclusive_scan_" + std::string(lang::toString(lang::typeOf<T>())) + "_" +
+                            std::to_string(blockSize),
+                        [blockSize](lang::Builder &k) {
+        auto x = k.input<T>();
+        auto out = k.output<T>();
+        auto n = k.scalar<uint32_t>();
+        auto tile = k.shared<T>(blockSize);
+        auto t = k.localId().x;
+        auto carry = k.var<T>(T(0));
+        k.For(0u, n, blockSize, [&](lang::Value<uint32_t> base) {
+            auto i = base + t;
+            auto v = k.var<T>(T(0));
+            k.If(i < n, [&] { v = x[i]; });
+            tile[t] = v;
+            k.barrier();
+            for (uint32_t offset = 1; offset < blockSize; offset *= 2) {
+                auto before = k.var<T>(T(0));
+                k.If(t >= offset, [&] { before = tile[t - offset]; });
+                k.barrier();
+                tile[t] = tile[t] + before;
+                k.barrier();
+            }
+            k.If(i < n, [&] { out[i] = carry + tile[t]; });
+            carry += tile[blockSize - 1];
+            k.barrier(); // the next chunk overwrites tile
+        });
+    });
+}
+
+/// The tile sizes of matmul(): compile-time constants, so each set is its own kernel (and its own
+/// autotune candidate).
+struct MatmulTiles {
+    uint32_t tile = 16;     ///< outputs per workgroup edge (TILE x TILE of C)
+    uint32_t perThread = 1; ///< outputs per thread edge; tile % perThread == 0
+    uint32_t depth = 16;    ///< K step through shared memory
+
+    std::string name() const {
+        return "matmul_t" + std::to_string(tile) + "_w" + std::to_string(perThread) + "_k" +
+               std::to_string(depth);
+    }
+    /// Threads per workgroup edge: Dispatch::block = {threads(), threads(), 1}.
+    uint32_t threads() const { return tile / perThread; }
+    uint32_t sharedBytes() const { return 2 * tile * depth * 4; }
+};
+
+/// C (m x n) = A (m x k) * B (k x n), row-major f32, tiled: each workgroup stages a tile x depth
+/// block of A and a depth x tile block of B in shared memory, each thread accumulates perThread x
+/// perThread outputs in a private array. Bindings: a, b (read), c (write); scalars m, n, k (u32).
+/// Launch block {threads, threads, 1}, grid {ceil(n / tile), ceil(m / tile), 1}.
+inline lang::Kernel matmul(MatmulTiles tiles = {}) {
+    return lang::kernel(tiles.name(), [tiles](lang::Builder &k) {
+        using lang::Value;
+        const uint32_t tile = tiles.tile, wpt = tiles.perThread, depth = tiles.depth;
+        const uint32_t td = tile / wpt, threads = td * td;
+        auto a = k.input<float>();
+        auto b = k.input<float>();
+        auto c = k.output<float>();
+        auto m = k.scalar<uint32_t>();
+        auto n = k.scalar<uint32_t>();
+        auto kk = k.scalar<uint32_t>();
+        auto tileA = k.shared<float>(tile * depth);
+        auto tileB = k.shared<float>(depth * tile);
+        auto acc = k.array<float>(wpt * wpt);
+        auto tx = k.localId().x;
+        auto ty = k.localId().y;
+        auto row0 = k.groupId().y * tile;
+        auto col0 = k.groupId().x * tile;
+        auto tid = ty * td + tx;
+        for (uint32_t i = 0; i < wpt * wpt; ++i) acc[i] = 0.0f;
+
+        // Copies a rows x cols block of `src` (row stride `stride`, clipped to limitRows x
+        // limitCols, zeros outside) starting at (r0, c0) into `dst`; every thread takes every
+        // threads-th element.
+        auto stage = [&](lang::Array<float> dst, lang::Binding<float> src, uint32_t rows,
+                         uint32_t cols, Value<uint32_t> r0, Value<uint32_t> c0,
+                         Value<uint32_t> limitRows, Value<uint32_t> limitCols,
+                         Value<uint32_t> stride) {
+            for (uint32_t first = 0; first < rows * cols; first += threads) {
+                auto e = tid + first;
+                auto copy = [&] {
+                    auto r = e / cols;
+                    auto col = e % cols;
+                    auto v = k.var<float>(0.0f);
+                    k.If(r0 + r < limitRows && c0 + col < limitCols,
+                         [&] { v = src[(r0 + r) * stride + c0 + col]; });
+                    dst[e] = v;
+                };
+                if (first + threads <= rows * cols) copy();
+                else k.If(e < rows * cols, copy);
+            }
+        };
+
+        k.For(0u, kk, depth, [&](Value<uint32_t> k0) {
+            stage(tileA, a, tile, depth, row0, k0, m, kk, kk);
+            stage(tileB, b, depth, tile, k0, col0, kk, n, n);
+            k.barrier();
+            for (uint32_t p = 0; p < depth; ++p) {
+                std::vector<Value<float>> av, bv;
+                for (uint32_t i = 0; i < wpt; ++i) av.push_back(tileA[(ty + i * td) * depth + p]);
+                for (uint32_t j = 0; j < wpt; ++j) bv.push_back(tileB[tx + j * td + p * tile]);
+                for (uint32_t i = 0; i < wpt; ++i)
+                    for (uint32_t j = 0; j < wpt; ++j)
+                        acc[i * wpt + j] = fma(av[i], bv[j], acc[i * wpt + j]);
+            }
+            k.barrier();
+        });
+        for (uint32_t i = 0; i < wpt; ++i)
+            for (uint32_t j = 0; j < wpt; ++j) {
+                auto row = row0 + ty + i * td;
+                auto col = col0 + tx + j * td;
+                k.If(row < m && col < n, [&] { c[row * n + col] = acc[i * wpt + j]; });
+            }
+    });
+}
+
+} // namespace backplane::kernels

@@ -1,0 +1,550 @@
+// The kernel language: a kernel written once in C++, recorded to IR, generated for every dialect.
+#pragma once
+
+#include <backplane/kernel.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+/// A kernel is a C++ function of a Builder. Calling lang::kernel() runs it once: every device
+/// operation it performs (arithmetic on Value, stores through Element, k.If, k.For...) is recorded
+/// into a small structured IR instead of being computed, and the IR is printed as CUDA C, HIP C and
+/// GLSL 450, plus a program the host plugin interprets. docs/kernels.md has the whole language.
+///
+/// Two kinds of values meet in a kernel body:
+/// - plain C++ values (int, float, a std::array of them) are compile-time constants: a C++ `for`
+///   over them unrolls, a C++ `if` on them picks what is recorded, and their values end up as
+///   literals in the generated source, so they are part of the compiled kernel's cache key;
+/// - device values (Value<T>, Var<T>, Element<T>) exist only on the device. They do not convert
+///   to bool, so a C++ `if` or `while` on one does not compile: use k.If, k.While and select().
+///
+/// Element types of buffers, scalars and arrays: int32_t, uint32_t, float. Values may also be
+/// bool. Mixing types needs an explicit cast<T>(v); C++ literals convert to the other operand's
+/// type.
+namespace backplane::lang {
+
+/// The value types of the language.
+enum class Type : uint8_t { Bool, I32, U32, F32 };
+const char *toString(Type type) noexcept;
+
+template <class T>
+inline constexpr bool isElementType =
+    std::is_same_v<T, int32_t> || std::is_same_v<T, uint32_t> || std::is_same_v<T, float>;
+template <class T>
+inline constexpr bool isValueType = isElementType<T> || std::is_same_v<T, bool>;
+
+template <class T> constexpr Type typeOf() {
+    static_assert(isValueType<T>, "kernel values are bool, int32_t, uint32_t or float");
+    if constexpr (std::is_same_v<T, bool>) return Type::Bool;
+    else if constexpr (std::is_same_v<T, int32_t>) return Type::I32;
+    else if constexpr (std::is_same_v<T, uint32_t>) return Type::U32;
+    else return Type::F32;
+}
+
+/// How a kernel is generated.
+struct KernelOptions {
+    /// Bounds-checked memory on every target: a buffer, shared or private access whose index is
+    /// out of range reads 0, writes nothing and an atomic returns 0. Off: GPU targets do whatever
+    /// the device does (undefined); the host interpreter checks either way.
+    bool checked = false;
+};
+
+namespace detail {
+
+/// Operations of the IR (core/src/lang/ir.hpp documents each).
+enum class Op : uint8_t {
+    // leaves
+    Constant, Builtin, Scalar, Length, Load, LoopIndex,
+    // arithmetic, bitwise, logic
+    Neg, Not, BitNot, Add, Sub, Mul, Div, Rem, Min, Max, And, Or, Xor, Shl, Shr,
+    Eq, Ne, Lt, Le, Gt, Ge, Select, Cast, Fma, Pow,
+    // float functions
+    Abs, Sqrt, Rsqrt, Exp, Log, Sin, Cos, Tanh, Floor, Ceil,
+    // side effects and cross-lane
+    Atomic, SubgroupSum, SubgroupMin, SubgroupMax, ShuffleXor, Broadcast,
+};
+
+/// Where a load, store or atomic goes.
+enum class Space : uint8_t { Buffer, Shared, Private, Var };
+
+/// Built-in ids, per axis (imm = builtin * 4 + axis).
+enum class Builtin : uint8_t {
+    LocalId, GroupId, GlobalId, GroupSize, GridSize, LocalIndex, SubgroupSize, SubgroupLane
+};
+
+enum class AtomicOp : uint8_t { Add, Min, Max, And, Or, Xor, Exchange };
+enum class Access : uint8_t { Read, Write, ReadWrite };
+enum class Jump : uint8_t { Break, Continue, Return };
+
+/// One value recorded in the kernel being built: its index and the kernel it belongs to.
+struct Handle {
+    uint32_t id = 0;
+    uint32_t kernel = 0;
+};
+
+// The recorder of the kernel being built on this thread. Each function throws
+// Error(InvalidArgument) naming the kernel when called outside lang::kernel(), with a handle of
+// another kernel, or against a rule of the language (a value used outside the block that made
+// it, a barrier in divergent control flow...).
+Handle constant(Type type, uint32_t bits);
+Handle operation(Op op, Type result, Handle a, Handle b = {}, Handle c = {}, uint32_t imm = 0);
+Handle unary(Op op, Handle a);                      ///< same type as a
+Handle binary(Op op, Handle a, Handle b);           ///< same types; comparisons give bool
+Handle builtin(Builtin which, uint32_t axis);
+Handle declareScalar(Type type);
+uint32_t declareBinding(Type type, Access access);
+uint32_t declareArray(Space space, Type type, uint32_t length);
+uint32_t declareVar(Type type, Handle init);
+Handle length(uint32_t binding);
+Handle load(Space space, uint32_t target, Handle index); ///< index ignored for Space::Var
+void store(Space space, uint32_t target, Handle index, Handle value);
+Handle atomic(AtomicOp op, Space space, uint32_t target, Handle index, Handle value);
+Handle subgroup(Op op, Handle value, Handle arg = {});
+Type typeOf(Handle value);
+/// Where an If statement was recorded (so that .Else finds it).
+struct IfSite {
+    uint32_t block = 0;
+    uint32_t index = 0;
+    uint32_t kernel = 0;
+};
+IfSite recordIf(Handle condition, const std::function<void()> &then);
+/// Records the else branch of the last If of an if / else-if chain: path[0] is the chain's first
+/// If, path[i + 1] the If recorded as the else branch of path[i].
+void recordElse(const std::vector<IfSite> &path, const std::function<void()> &otherwise);
+void recordFor(Type type, Handle begin, Handle end, Handle step,
+               const std::function<void(Handle)> &body);
+void recordWhile(const std::function<Handle()> &condition, const std::function<void()> &body);
+void recordJump(Jump jump);
+void recordBarrier();
+
+struct Module; // the recorded IR, core/src/lang/ir.hpp
+
+} // namespace detail
+
+template <class T> class Value;
+template <class T> class Var;
+template <class T> class Element;
+
+/// Operators shared by Value, Var and Element (found by argument-dependent lookup through this
+/// base; each converts its operands to Value<T>, so `x[i] * 2.0f + acc` works).
+/// Value<bool>, spelled so that it depends on T (Operand<bool> is instantiated while Value<bool> is
+/// still incomplete).
+template <class T> using BoolOf = std::conditional_t<sizeof(T) == 0, T, Value<bool>>;
+
+template <class T> struct Operand {
+    friend Value<T> operator+(const Value<T> &a, const Value<T> &b) { return bin(detail::Op::Add, a, b); }
+    friend Value<T> operator-(const Value<T> &a, const Value<T> &b) { return bin(detail::Op::Sub, a, b); }
+    friend Value<T> operator*(const Value<T> &a, const Value<T> &b) { return bin(detail::Op::Mul, a, b); }
+    /// Integers: truncating; x / 0 is 0 and INT_MIN / -1 is INT_MIN on every target.
+    friend Value<T> operator/(const Value<T> &a, const Value<T> &b) { return bin(detail::Op::Div, a, b); }
+    /// Integers only: the sign of a (C's rule); x % 0 is 0 on every target.
+    friend Value<T> operator%(const Value<T> &a, const Value<T> &b) {
+        static_assert(!std::is_same_v<T, float>, "% is for integers; use fmod-free math on floats");
+        return bin(detail::Op::Rem, a, b);
+    }
+    friend Value<T> operator&(const Value<T> &a, const Value<T> &b) { return bits(detail::Op::And, a, b); }
+    friend Value<T> operator|(const Value<T> &a, const Value<T> &b) { return bits(detail::Op::Or, a, b); }
+    friend Value<T> operator^(const Value<T> &a, const Value<T> &b) { return bits(detail::Op::Xor, a, b); }
+    /// Shift counts are taken modulo 32 on every target.
+    friend Value<T> operator<<(const Value<T> &a, const Value<T> &b) { return ints(detail::Op::Shl, a, b); }
+    friend Value<T> operator>>(const Value<T> &a, const Value<T> &b) { return ints(detail::Op::Shr, a, b); }
+    friend BoolOf<T> operator==(const Value<T> &a, const Value<T> &b) { return cmp(detail::Op::Eq, a, b); }
+    friend BoolOf<T> operator!=(const Value<T> &a, const Value<T> &b) { return cmp(detail::Op::Ne, a, b); }
+    friend BoolOf<T> operator<(const Value<T> &a, const Value<T> &b) { return cmp(detail::Op::Lt, a, b); }
+    friend BoolOf<T> operator<=(const Value<T> &a, const Value<T> &b) { return cmp(detail::Op::Le, a, b); }
+    friend BoolOf<T> operator>(const Value<T> &a, const Value<T> &b) { return cmp(detail::Op::Gt, a, b); }
+    friend BoolOf<T> operator>=(const Value<T> &a, const Value<T> &b) { return cmp(detail::Op::Ge, a, b); }
+    /// Both sides are always evaluated (the recorded code has no short circuit).
+    friend Value<T> operator&&(const Value<T> &a, const Value<T> &b) { return logic(detail::Op::And, a, b); }
+    friend Value<T> operator||(const Value<T> &a, const Value<T> &b) { return logic(detail::Op::Or, a, b); }
+    friend Value<T> operator!(const Value<T> &a) { return logic1(detail::Op::Not, a); }
+    friend Value<T> operator~(const Value<T> &a) {
+        static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>, "~ is for integers");
+        return Value<T>::wrap(detail::unary(detail::Op::BitNot, a.handle()));
+    }
+    friend Value<T> operator-(const Value<T> &a) {
+        static_assert(!std::is_same_v<T, bool>, "unary - is for numbers");
+        return Value<T>::wrap(detail::unary(detail::Op::Neg, a.handle()));
+    }
+
+private:
+    static Value<T> bin(detail::Op op, const Value<T> &a, const Value<T> &b) {
+        static_assert(!std::is_same_v<T, bool>, "arithmetic is for numbers");
+        return Value<T>::wrap(detail::binary(op, a.handle(), b.handle()));
+    }
+    static Value<T> bits(detail::Op op, const Value<T> &a, const Value<T> &b) {
+        static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>,
+                      "& | ^ are for integers; use && || on bool");
+        return Value<T>::wrap(detail::binary(op, a.handle(), b.handle()));
+    }
+    static Value<T> ints(detail::Op op, const Value<T> &a, const Value<T> &b) {
+        static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>, "shifts are for integers");
+        return Value<T>::wrap(detail::binary(op, a.handle(), b.handle()));
+    }
+    static Value<T> logic(detail::Op op, const Value<T> &a, const Value<T> &b) {
+        static_assert(std::is_same_v<T, bool>, "&& || are for bool values");
+        return Value<T>::wrap(detail::binary(op, a.handle(), b.handle()));
+    }
+    static Value<T> logic1(detail::Op op, const Value<T> &a) {
+        static_assert(std::is_same_v<T, bool>, "! is for bool values");
+        return Value<T>::wrap(detail::unary(op, a.handle()));
+    }
+    static BoolOf<T> cmp(detail::Op op, const Value<T> &a, const Value<T> &b) {
+        return BoolOf<T>::wrap(detail::binary(op, a.handle(), b.handle()));
+    }
+};
+
+/// An immutable device value of type T: the result of one recorded operation. Copying a Value
+/// copies the handle, not the computation; a Value cannot be reassigned (use Var for that), so
+/// `v = v + 1` inside a k.For does not compile instead of silently not accumulating.
+template <class T> class Value : public Operand<T> {
+    static_assert(isValueType<T>, "kernel values are bool, int32_t, uint32_t or float");
+
+public:
+    /// A constant: recorded as a literal.
+    Value(T constant) : handle_(detail::constant(typeOf<T>(), bitsOf(constant))) {}
+    Value(const Var<T> &var);         ///< the variable's value at this point
+    Value(const Element<T> &element); ///< a load, at this point
+    Value(const Value &) = default;
+    Value &operator=(const Value &) = delete;
+
+    detail::Handle handle() const noexcept { return handle_; }
+    static Value wrap(detail::Handle h) { return Value(h, 0); }
+
+private:
+    Value(detail::Handle h, int) : handle_(h) {}
+    static uint32_t bitsOf(T c) {
+        if constexpr (std::is_same_v<T, bool>) return c ? 1u : 0u;
+        else {
+            uint32_t bits;
+            std::memcpy(&bits, &c, sizeof(bits));
+            return bits;
+        }
+    }
+    detail::Handle handle_;
+};
+
+/// A mutable device variable, one per thread. Assigning records a store; reading (conversion to
+/// Value) records a load at that point. `Var b = a` copies the handle (both name one variable);
+/// use k.var(a) for a new variable.
+template <class T> class Var : public Operand<T> {
+public:
+    const Var &operator=(const Value<T> &v) const {
+        detail::store(detail::Space::Var, id_, {}, v.handle());
+        return *this;
+    }
+    const Var &operator=(const Var &other) const { return *this = Value<T>(other); }
+    Var(const Var &) = default;
+    const Var &operator+=(const Value<T> &v) const { return *this = *this + v; }
+    const Var &operator-=(const Value<T> &v) const { return *this = *this - v; }
+    const Var &operator*=(const Value<T> &v) const { return *this = *this * v; }
+    const Var &operator/=(const Value<T> &v) const { return *this = *this / v; }
+    uint32_t id() const noexcept { return id_; }
+    static Var wrap(uint32_t id) { return Var(id); }
+
+private:
+    explicit Var(uint32_t id) : id_(id) {}
+    uint32_t id_;
+};
+
+/// One element of a buffer, shared array or private array: an lvalue. Reading records a load,
+/// assigning a store.
+template <class T> class Element : public Operand<T> {
+public:
+    Element(detail::Space space, uint32_t target, Value<uint32_t> index)
+        : space_(space), target_(target), index_(index.handle()) {}
+    const Element &operator=(const Value<T> &v) const {
+        detail::store(space_, target_, index_, v.handle());
+        return *this;
+    }
+    const Element &operator=(const Element &other) const { return *this = Value<T>(other); }
+    Element(const Element &) = default;
+    const Element &operator+=(const Value<T> &v) const { return *this = *this + v; }
+    const Element &operator-=(const Value<T> &v) const { return *this = *this - v; }
+    const Element &operator*=(const Value<T> &v) const { return *this = *this * v; }
+
+    detail::Space space() const noexcept { return space_; }
+    uint32_t target() const noexcept { return target_; }
+    detail::Handle index() const noexcept { return index_; }
+
+private:
+    detail::Space space_;
+    uint32_t target_;
+    detail::Handle index_;
+};
+
+template <class T>
+Value<T>::Value(const Var<T> &var)
+    : handle_(detail::load(detail::Space::Var, var.id(), {})) {}
+template <class T>
+Value<T>::Value(const Element<T> &e) : handle_(detail::load(e.space(), e.target(), e.index())) {}
+
+/// A buffer binding (binding i is the kernel's i-th declared buffer, Dispatch::bindings[i]).
+template <class T> class Binding {
+    static_assert(isElementType<T>, "buffers hold int32_t, uint32_t or float");
+
+public:
+    Element<T> operator[](const Value<uint32_t> &index) const {
+        return Element<T>(detail::Space::Buffer, id_, index);
+    }
+    /// Elements in the bound buffer (or view): its size in bytes / sizeof(T).
+    Value<uint32_t> length() const { return Value<uint32_t>::wrap(detail::length(id_)); }
+    uint32_t id() const noexcept { return id_; }
+    static Binding wrap(uint32_t id) { return Binding(id); }
+
+private:
+    explicit Binding(uint32_t id) : id_(id) {}
+    uint32_t id_;
+};
+
+/// A fixed-size array in workgroup-shared or per-thread memory. Its contents start undefined.
+template <class T> class Array {
+    static_assert(isElementType<T>, "arrays hold int32_t, uint32_t or float");
+
+public:
+    Element<T> operator[](const Value<uint32_t> &index) const { return Element<T>(space_, id_, index); }
+    uint32_t size() const noexcept { return size_; }
+    static Array wrap(detail::Space space, uint32_t id, uint32_t size) { return Array(space, id, size); }
+
+private:
+    Array(detail::Space space, uint32_t id, uint32_t size) : space_(space), id_(id), size_(size) {}
+    detail::Space space_;
+    uint32_t id_;
+    uint32_t size_;
+};
+
+/// Three u32 device values (an id or a size per axis).
+struct Dim3 {
+    Value<uint32_t> x, y, z;
+};
+
+/// What a kernel body records with. Only valid inside the lang::kernel() call that passed it.
+class Builder {
+public:
+    // -- signature, in declaration order ---------------------------------------------------------
+    template <class T> Binding<T> input() { return Binding<T>::wrap(detail::declareBinding(typeOf<T>(), detail::Access::Read)); }
+    template <class T> Binding<T> output() { return Binding<T>::wrap(detail::declareBinding(typeOf<T>(), detail::Access::Write)); }
+    template <class T> Binding<T> inout() { return Binding<T>::wrap(detail::declareBinding(typeOf<T>(), detail::Access::ReadWrite)); }
+    /// The next field of the scalar struct (packed like Dispatch::scalar: natural alignment).
+    template <class T> Value<T> scalar() {
+        static_assert(isElementType<T>, "scalars are int32_t, uint32_t or float");
+        return Value<T>::wrap(detail::declareScalar(typeOf<T>()));
+    }
+
+    // -- ids and sizes ---------------------------------------------------------------------------
+    Dim3 localId() { return dim(detail::Builtin::LocalId); }
+    Dim3 groupId() { return dim(detail::Builtin::GroupId); }
+    Dim3 globalId() { return dim(detail::Builtin::GlobalId); }
+    Dim3 groupSize() { return dim(detail::Builtin::GroupSize); } ///< Dispatch::block
+    Dim3 gridSize() { return dim(detail::Builtin::GridSize); }   ///< Dispatch::grid
+    /// The thread's index within its workgroup, x fastest.
+    Value<uint32_t> localIndex() { return one(detail::Builtin::LocalIndex); }
+    /// The device's subgroup width (DeviceInfo::subgroupSize: 32 on NVIDIA, 1 on the host).
+    Value<uint32_t> subgroupSize() { return one(detail::Builtin::SubgroupSize); }
+    Value<uint32_t> subgroupLane() { return one(detail::Builtin::SubgroupLane); }
+
+    // -- memory ----------------------------------------------------------------------------------
+    /// A new variable initialised to `init`.
+    template <class T> Var<T> var(const Value<T> &init) {
+        return Var<T>::wrap(detail::declareVar(typeOf<T>(), init.handle()));
+    }
+    template <class T>
+        requires isValueType<T>
+    Var<T> var(T init) {
+        return var(Value<T>(init));
+    }
+    /// `length` elements shared by the workgroup (length is a compile-time constant).
+    template <class T> Array<T> shared(uint32_t length) {
+        return Array<T>::wrap(detail::Space::Shared, detail::declareArray(detail::Space::Shared, typeOf<T>(), length), length);
+    }
+    /// `length` elements private to each thread.
+    template <class T> Array<T> array(uint32_t length) {
+        return Array<T>::wrap(detail::Space::Private, detail::declareArray(detail::Space::Private, typeOf<T>(), length), length);
+    }
+
+    // -- control flow ----------------------------------------------------------------------------
+    /// Records `then` under `condition`; chain .Else / .ElseIf right after.
+    class IfChain {
+    public:
+        explicit IfChain(detail::IfSite site) : path_{site} {}
+        /// The branch taken when no condition of the chain held. Must follow directly.
+        IfChain &Else(const std::function<void()> &otherwise) {
+            detail::recordElse(path_, otherwise);
+            return *this;
+        }
+        /// `condition` is a function so that it is recorded inside the else branch (a Value
+        /// argument would be computed after the If it belongs to).
+        IfChain &ElseIf(const std::function<Value<bool>()> &condition, const std::function<void()> &then) {
+            detail::IfSite inner;
+            detail::recordElse(path_, [&] { inner = detail::recordIf(condition().handle(), then); });
+            path_.push_back(inner);
+            return *this;
+        }
+
+    private:
+        std::vector<detail::IfSite> path_;
+    };
+    IfChain If(const Value<bool> &condition, const std::function<void()> &then) {
+        return IfChain(detail::recordIf(condition.handle(), then));
+    }
+    /// for (i = begin; i < end; i += step) body(i). T is uint32_t or int32_t.
+    template <class T = uint32_t>
+    void For(const std::type_identity_t<Value<T>> &begin, const std::type_identity_t<Value<T>> &end,
+             const std::type_identity_t<Value<T>> &step,
+             const std::type_identity_t<std::function<void(Value<T>)>> &body) {
+        static_assert(std::is_same_v<T, uint32_t> || std::is_same_v<T, int32_t>, "loop indices are integers");
+        detail::recordFor(typeOf<T>(), begin.handle(), end.handle(), step.handle(),
+                          [&](detail::Handle i) { body(Value<T>::wrap(i)); });
+    }
+    template <class T = uint32_t>
+    void For(const std::type_identity_t<Value<T>> &begin, const std::type_identity_t<Value<T>> &end,
+             const std::type_identity_t<std::function<void(Value<T>)>> &body) {
+        For<T>(begin, end, Value<T>(T(1)), body);
+    }
+    /// while (condition()) body(); `condition` is recorded once and evaluated before each pass.
+    void While(const std::function<Value<bool>()> &condition, const std::function<void()> &body) {
+        detail::recordWhile([&] { return condition().handle(); }, body);
+    }
+    void Break() { detail::recordJump(detail::Jump::Break); }
+    void Continue() { detail::recordJump(detail::Jump::Continue); }
+    /// Ends this thread's kernel.
+    void Return() { detail::recordJump(detail::Jump::Return); }
+    /// Workgroup barrier with shared-memory ordering. Only in uniform control flow: under
+    /// conditions and loops whose values are the same for every thread of the workgroup (built
+    /// from constants, scalars, group ids and sizes); anything else is refused at recording.
+    void barrier() { detail::recordBarrier(); }
+
+private:
+    static Dim3 dim(detail::Builtin b) {
+        return {Value<uint32_t>::wrap(detail::builtin(b, 0)), Value<uint32_t>::wrap(detail::builtin(b, 1)),
+                Value<uint32_t>::wrap(detail::builtin(b, 2))};
+    }
+    static Value<uint32_t> one(detail::Builtin b) { return Value<uint32_t>::wrap(detail::builtin(b, 0)); }
+};
+
+// -- functions --------------------------------------------------------------------------------
+
+/// The value type of a Value, Var or Element (no type for anything else, so these functions
+/// never capture plain C++ arguments).
+template <class X> struct OperandType {};
+template <class T> struct OperandType<Value<T>> { using type = T; };
+template <class T> struct OperandType<Var<T>> { using type = T; };
+template <class T> struct OperandType<Element<T>> { using type = T; };
+template <class X> using OperandOf = typename OperandType<X>::type;
+
+/// Converts between value types: float to integer truncates toward zero and saturates (NaN gives
+/// 0), integer to integer keeps the bits, bool gives 0 or 1, to bool compares with 0.
+template <class To, class X, class From = OperandOf<X>> Value<To> cast(const X &v) {
+    return Value<To>::wrap(detail::operation(detail::Op::Cast, typeOf<To>(), Value<From>(v).handle()));
+}
+
+/// condition ? a : b (both evaluated).
+template <class X, class T = OperandOf<X>>
+Value<T> select(const Value<bool> &condition, const X &a, const std::type_identity_t<Value<T>> &b) {
+    return Value<T>::wrap(detail::operation(detail::Op::Select, typeOf<T>(), condition.handle(),
+                                            Value<T>(a).handle(), b.handle()));
+}
+
+namespace detail {
+template <class T> Value<T> apply(Op op, const Value<T> &a) { return Value<T>::wrap(unary(op, a.handle())); }
+template <class T> Value<T> apply(Op op, const Value<T> &a, const Value<T> &b) {
+    return Value<T>::wrap(binary(op, a.handle(), b.handle()));
+}
+} // namespace detail
+
+/// min / max: on floats a NaN operand is ignored (fminf) on CUDA, HIP and the host; GLSL leaves
+/// it undefined.
+template <class X, class T = OperandOf<X>> Value<T> min(const X &a, const std::type_identity_t<Value<T>> &b) { return detail::apply<T>(detail::Op::Min, a, b); }
+template <class X, class T = OperandOf<X>> Value<T> max(const X &a, const std::type_identity_t<Value<T>> &b) { return detail::apply<T>(detail::Op::Max, a, b); }
+template <class X, class T = OperandOf<X>> Value<T> pow(const X &a, const std::type_identity_t<Value<T>> &b) { return detail::apply<T>(detail::Op::Pow, a, b); }
+template <class X, class T = OperandOf<X>> Value<T> clamp(const X &v, const std::type_identity_t<Value<T>> &lo, const std::type_identity_t<Value<T>> &hi) {
+    return min(max(v, lo), hi);
+}
+template <class X, class T = OperandOf<X>> Value<T> abs(const X &a) { return detail::apply<T>(detail::Op::Abs, a); }
+/// Float functions; precision is each target's (CUDA's libdevice, GLSL's precision table).
+template <class X, class T = OperandOf<X>> Value<T> sqrt(const X &a) { return detail::apply<T>(detail::Op::Sqrt, a); }
+template <class X, class T = OperandOf<X>> Value<T> rsqrt(const X &a) { return detail::apply<T>(detail::Op::Rsqrt, a); }
+template <class X, class T = OperandOf<X>> Value<T> exp(const X &a) { return detail::apply<T>(detail::Op::Exp, a); }
+template <class X, class T = OperandOf<X>> Value<T> log(const X &a) { return detail::apply<T>(detail::Op::Log, a); }
+template <class X, class T = OperandOf<X>> Value<T> sin(const X &a) { return detail::apply<T>(detail::Op::Sin, a); }
+template <class X, class T = OperandOf<X>> Value<T> cos(const X &a) { return detail::apply<T>(detail::Op::Cos, a); }
+template <class X, class T = OperandOf<X>> Value<T> tanh(const X &a) { return detail::apply<T>(detail::Op::Tanh, a); }
+template <class X, class T = OperandOf<X>> Value<T> floor(const X &a) { return detail::apply<T>(detail::Op::Floor, a); }
+template <class X, class T = OperandOf<X>> Value<T> ceil(const X &a) { return detail::apply<T>(detail::Op::Ceil, a); }
+/// Subgroup operations: every thread of the workgroup must reach them (uniform control flow, like
+/// barrier()), and the workgroup should be a whole number of subgroups (Builder::subgroupSize()).
+template <class X, class T = OperandOf<X>> Value<T> subgroupSum(const X &a) { return detail::apply<T>(detail::Op::SubgroupSum, a); }
+template <class X, class T = OperandOf<X>> Value<T> subgroupMin(const X &a) { return detail::apply<T>(detail::Op::SubgroupMin, a); }
+template <class X, class T = OperandOf<X>> Value<T> subgroupMax(const X &a) { return detail::apply<T>(detail::Op::SubgroupMax, a); }
+
+/// a * b + c rounded once on CUDA, HIP and the host; Vulkan only promises the precision of a
+/// multiply and an add. (a * b + c written out is two roundings on every target.)
+inline Value<float> fma(const Value<float> &a, const Value<float> &b, const Value<float> &c) {
+    return Value<float>::wrap(detail::operation(detail::Op::Fma, Type::F32, a.handle(), b.handle(), c.handle()));
+}
+/// The value of the lane whose index is this lane's XOR `mask`.
+template <class X, class T = OperandOf<X>> Value<T> shuffleXor(const X &v, const Value<uint32_t> &mask) {
+    return Value<T>::wrap(detail::subgroup(detail::Op::ShuffleXor, Value<T>(v).handle(), mask.handle()));
+}
+/// The value of lane `lane` (uniform across the subgroup) in every lane.
+template <class X, class T = OperandOf<X>> Value<T> broadcast(const X &v, const Value<uint32_t> &lane) {
+    return Value<T>::wrap(detail::subgroup(detail::Op::Broadcast, Value<T>(v).handle(), lane.handle()));
+}
+
+#define BACKPLANE_LANG_ATOMIC(name, op)                                                                   \
+    /** Atomically combines `value` into the element; returns the element's previous value. */          \
+    template <class T> Value<T> name(const Element<T> &e, const std::type_identity_t<Value<T>> &value) {  \
+        static_assert(std::is_integral_v<T>, "atomics are on int32_t and uint32_t");                      \
+        return Value<T>::wrap(detail::atomic(detail::AtomicOp::op, e.space(), e.target(), e.index(), value.handle())); \
+    }
+BACKPLANE_LANG_ATOMIC(atomicAdd, Add)
+BACKPLANE_LANG_ATOMIC(atomicMin, Min)
+BACKPLANE_LANG_ATOMIC(atomicMax, Max)
+BACKPLANE_LANG_ATOMIC(atomicAnd, And)
+BACKPLANE_LANG_ATOMIC(atomicOr, Or)
+BACKPLANE_LANG_ATOMIC(atomicXor, Xor)
+BACKPLANE_LANG_ATOMIC(atomicExchange, Exchange)
+#undef BACKPLANE_LANG_ATOMIC
+
+// -- the kernel -------------------------------------------------------------------------------
+
+/// A recorded kernel and its generated variants. Plain value; copies share the IR.
+class Kernel {
+public:
+    Kernel() = default;
+    const std::string &name() const noexcept { return source_.name; }
+    /// The variants: CUDA, HIP, GLSL text and the host interpreter (KernelVariant::hostData), in
+    /// that order; ComputeClient::execute hands each device the one it accepts.
+    const KernelSource &source() const noexcept { return source_; }
+    /// The generated text of one dialect; for Dialect::Host a listing of the IR the interpreter
+    /// runs. Throws Error(Unsupported) for SPIR-V.
+    std::string text(Dialect dialect) const;
+    /// Buffer bindings the kernel declares, and the size of its scalar struct as the caller packs
+    /// it (Dispatch::scalar in declaration order).
+    uint32_t bindingCount() const noexcept;
+    uint32_t scalarBytes() const noexcept;
+    /// The scalar bytes the generated code reads: `dispatch`'s scalars followed by the element
+    /// count of every buffer the kernel asks for length() of (or of all when checked). Throws
+    /// Error(InvalidArgument) naming the kernel when the dispatch's bindings or scalar size do not
+    /// match the signature, or a buffer is not a whole number of elements.
+    Dispatch prepare(const Dispatch &dispatch) const;
+    const detail::Module &module() const;
+
+private:
+    friend Kernel kernel(std::string name, const std::function<void(Builder &)> &body,
+                         KernelOptions options);
+    std::shared_ptr<const detail::Module> module_;
+    KernelSource source_;
+};
+
+/// Records `body` and generates the kernel's variants. `name` names the kernel in errors, logs and
+/// caches and, made an identifier, the CUDA/HIP entry point. Throws Error(InvalidArgument) naming
+/// the kernel when the body breaks a rule of the language.
+Kernel kernel(std::string name, const std::function<void(Builder &)> &body, KernelOptions options = {});
+
+} // namespace backplane::lang

@@ -1,0 +1,646 @@
+// The recorder behind lang::Builder: appends IR nodes and statements, enforces the language rules.
+#include "lang/ir.hpp"
+
+#include <backplane/error.hpp>
+
+#include <algorithm>
+#include <atomic>
+
+namespace backplane::lang::detail {
+namespace {
+
+/// One open control construct while recording.
+struct Frame {
+    uint32_t block = 0;
+    /// Every thread of the workgroup reaches this block together.
+    bool uniform = true;
+    bool loop = false;
+    /// Loops: a thread may leave an iteration early while others go on (break / continue /
+    /// return under a thread-dependent condition somewhere inside).
+    bool divergentExit = false;
+    /// Loops: a barrier or subgroup operation was recorded inside.
+    bool hasCollective = false;
+    /// The condition deciding this frame (kNone for the kernel body and else-less parts).
+    uint32_t condition = kNone;
+};
+
+/// Per-variable uniformity: a variable is uniform while it was declared and only ever assigned
+/// uniform values in uniform control flow.
+struct VarState {
+    uint32_t block = 0;
+    bool uniform = true;
+    /// A barrier or subgroup operation is under control flow decided by this variable.
+    bool decides = false;
+};
+
+class Recorder {
+public:
+    Recorder(std::string name, KernelOptions options, uint32_t serial) : serial_(serial) {
+        module_.name = std::move(name);
+        module_.options = options;
+        module_.entryPoint = identifier(module_.name);
+        module_.blocks.push_back({});
+        frames_.push_back({});
+    }
+
+    Module &module() { return module_; }
+    uint32_t serial() const { return serial_; }
+
+    [[noreturn]] void fail(const std::string &what) const {
+        throw Error(ErrorCode::InvalidArgument, "kernel '" + module_.name + "': " + what);
+    }
+
+    /// Checks a handle of this kernel, usable in the current block; returns its node.
+    uint32_t use(Handle h, const char *what) {
+        if (h.kernel != serial_ || h.id >= module_.nodes.size())
+            fail(std::string(what) +
+                 " is a value of another kernel (or a default-constructed handle); values "
+                 "cannot cross lang::kernel() calls");
+        const uint32_t defined = module_.nodes[h.id].block;
+        if (!inScope(defined))
+            fail(std::string(what) +
+                 " was computed inside a k.If / k.For / k.While body and is used after it; "
+                 "declare a k.var before the block and assign it inside instead");
+        return h.id;
+    }
+
+    Handle add(Node node, bool statement) {
+        node.block = statement ? frames_.back().block : 0;
+        module_.nodes.push_back(std::move(node));
+        const auto id = static_cast<uint32_t>(module_.nodes.size() - 1);
+        if (statement) {
+            Stmt s;
+            s.kind = StmtKind::Let;
+            s.node = id;
+            append(s);
+        }
+        return {id, serial_};
+    }
+
+    /// A node computed from operands: uniform when they all are; vars merged.
+    Handle compute(Node node) {
+        node.uniform = true;
+        for (uint32_t o : {node.a, node.b, node.c}) {
+            if (o == kNone) continue;
+            const Node &operand = module_.nodes[o];
+            node.uniform = node.uniform && operand.uniform;
+            for (uint32_t v : operand.vars)
+                if (std::find(node.vars.begin(), node.vars.end(), v) == node.vars.end())
+                    node.vars.push_back(v);
+        }
+        if (!node.uniform) node.vars.clear();
+        return add(std::move(node), true);
+    }
+
+    void append(const Stmt &s) { module_.blocks[frames_.back().block].stmts.push_back(s); }
+
+    uint32_t newBlock() {
+        Block b;
+        b.parent = frames_.back().block;
+        module_.blocks.push_back(b);
+        return static_cast<uint32_t>(module_.blocks.size() - 1);
+    }
+
+    /// Runs `body` recording into `block` as a new frame.
+    void within(uint32_t block, bool uniform, bool loop, uint32_t condition,
+                const std::function<void()> &body) {
+        Frame f;
+        f.block = block;
+        f.uniform = uniform && frames_.back().uniform && !returnedDivergent_;
+        f.loop = loop;
+        f.condition = condition;
+        frames_.push_back(f);
+        try {
+            body();
+        } catch (...) {
+            frames_.pop_back();
+            throw;
+        }
+        frames_.pop_back();
+    }
+
+    bool controlUniform() const { return frames_.back().uniform && !returnedDivergent_; }
+
+    /// A barrier or subgroup operation is being recorded here.
+    void collective(const char *what) {
+        if (!controlUniform())
+            fail(std::string(what) +
+                 " is under thread-dependent control flow (a condition or loop bound computed "
+                 "from a thread id, a loaded value or a variable assigned one, or after a "
+                 "thread-dependent break / continue / return); every thread of the workgroup "
+                 "must reach it");
+        for (const Frame &f : frames_) {
+            if (f.loop && f.divergentExit)
+                fail(std::string(what) +
+                     " is inside a loop that some threads may leave early (a break, continue or "
+                     "return under a thread-dependent condition); every thread must reach it in "
+                     "every iteration");
+            if (f.condition == kNone) continue;
+            for (uint32_t v : module_.nodes[f.condition].vars) {
+                if (!vars_[v].uniform) fail(varDiverged(v, what));
+                vars_[v].decides = true;
+            }
+        }
+        markCollective();
+    }
+
+    void markCollective() {
+        for (Frame &f : frames_)
+            if (f.loop) f.hasCollective = true;
+    }
+
+    std::string varDiverged(uint32_t var, const char *what) const {
+        return std::string(what) + " is under control flow decided by variable v" +
+               std::to_string(var) +
+               ", which is assigned a thread-dependent value (or in thread-dependent control "
+               "flow); every thread of the workgroup must reach it";
+    }
+
+    void jump(Jump j) {
+        const bool divergent = !controlUniform();
+        if (j != Jump::Return) {
+            auto loop = std::find_if(frames_.rbegin(), frames_.rend(),
+                                     [](const Frame &f) { return f.loop; });
+            if (loop == frames_.rend())
+                fail(std::string(j == Jump::Break ? "k.Break()" : "k.Continue()") +
+                     " outside a k.For / k.While");
+            if (divergent) {
+                if (loop->hasCollective)
+                    fail("a thread-dependent break / continue leaves a loop that contains a "
+                         "barrier or subgroup operation; every thread must reach it in every "
+                         "iteration");
+                loop->divergentExit = true;
+            }
+        } else if (divergent) {
+            for (Frame &f : frames_) {
+                if (!f.loop) continue;
+                if (f.hasCollective)
+                    fail("a thread-dependent return inside a loop that contains a barrier or "
+                         "subgroup operation; every thread must reach it in every iteration");
+                f.divergentExit = true;
+            }
+            returnedDivergent_ = true;
+        }
+        Stmt s;
+        s.kind = StmtKind::Jump;
+        s.jump = j;
+        append(s);
+    }
+
+    void storeVar(uint32_t var, uint32_t value) {
+        VarState &state = vars_[var];
+        const bool uniform = module_.nodes[value].uniform && controlUniform();
+        if (!uniform && state.uniform && state.decides)
+            fail(varDiverged(var, "a barrier or subgroup operation recorded earlier"));
+        if (!uniform) state.uniform = false;
+    }
+
+    std::vector<VarState> vars_;
+    std::vector<Frame> frames_;
+
+private:
+    bool inScope(uint32_t block) const {
+        for (uint32_t b = frames_.back().block; b != kNone; b = module_.blocks[b].parent)
+            if (b == block) return true;
+        return false;
+    }
+
+    static std::string identifier(const std::string &name) {
+        std::string id;
+        for (char c : name) {
+            const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                            (c >= '0' && c <= '9') || c == '_';
+            id += ok ? c : '_';
+        }
+        if (id.empty() || (id[0] >= '0' && id[0] <= '9')) id = "k_" + id;
+        return id;
+    }
+
+    Module module_;
+    uint32_t serial_;
+    bool returnedDivergent_ = false;
+};
+
+thread_local Recorder *gCurrent = nullptr;
+std::atomic<uint32_t> gSerial{1};
+
+Recorder &current() {
+    if (gCurrent == nullptr)
+        throw Error(ErrorCode::InvalidArgument,
+                    "a kernel-language value or statement was used outside lang::kernel(); "
+                    "device values exist only while a kernel body is being recorded");
+    return *gCurrent;
+}
+
+bool isInteger(Type t) { return t == Type::I32 || t == Type::U32; }
+
+bool isComparison(Op op) {
+    return op == Op::Eq || op == Op::Ne || op == Op::Lt || op == Op::Le || op == Op::Gt ||
+           op == Op::Ge;
+}
+
+} // namespace
+
+Handle constant(Type type, uint32_t bits) {
+    Recorder &r = current();
+    Node n;
+    n.op = Op::Constant;
+    n.type = type;
+    n.imm = bits;
+    n.uniform = true;
+    return r.add(n, false);
+}
+
+Type typeOf(Handle value) {
+    Recorder &r = current();
+    return r.module().nodes[r.use(value, "a value")].type;
+}
+
+Handle operation(Op op, Type result, Handle a, Handle b, Handle c, uint32_t imm) {
+    Recorder &r = current();
+    Node n;
+    n.op = op;
+    n.type = result;
+    n.imm = imm;
+    n.a = r.use(a, "an operand");
+    if (op == Op::Select || op == Op::Fma) {
+        n.b = r.use(b, "an operand");
+        n.c = r.use(c, "an operand");
+        const auto &nodes = r.module().nodes;
+        if (op == Op::Select && (nodes[n.a].type != Type::Bool || nodes[n.b].type != result ||
+                                 nodes[n.c].type != result))
+            r.fail("select(condition, a, b) needs a bool condition and two values of one type");
+    }
+    return r.compute(n);
+}
+
+Handle unary(Op op, Handle a) {
+    Recorder &r = current();
+    Node n;
+    n.op = op;
+    n.a = r.use(a, "an operand");
+    n.type = r.module().nodes[n.a].type;
+    const bool floatOnly = op == Op::Sqrt || op == Op::Rsqrt || op == Op::Exp || op == Op::Log ||
+                           op == Op::Sin || op == Op::Cos || op == Op::Tanh ||
+                           op == Op::Floor || op == Op::Ceil;
+    if (floatOnly && n.type != Type::F32)
+        r.fail("a float function was applied to a " + std::string(toString(n.type)) + " value");
+    if (op == Op::SubgroupSum || op == Op::SubgroupMin || op == Op::SubgroupMax)
+        return subgroup(op, a);
+    return r.compute(n);
+}
+
+Handle binary(Op op, Handle a, Handle b) {
+    Recorder &r = current();
+    Node n;
+    n.op = op;
+    n.a = r.use(a, "an operand");
+    n.b = r.use(b, "an operand");
+    const Type ta = r.module().nodes[n.a].type, tb = r.module().nodes[n.b].type;
+    if (ta != tb)
+        r.fail(std::string("an operation mixes ") + toString(ta) + " and " + toString(tb) +
+               "; convert one with cast<T>()");
+    if ((op == Op::Rem || op == Op::Shl || op == Op::Shr) && !isInteger(ta))
+        r.fail("% and shifts need integer operands");
+    if (op == Op::Pow && ta != Type::F32) r.fail("pow() needs float operands");
+    n.type = isComparison(op) ? Type::Bool : ta;
+    return r.compute(n);
+}
+
+Handle builtin(Builtin which, uint32_t axis) {
+    Recorder &r = current();
+    Node n;
+    n.op = Op::Builtin;
+    n.type = Type::U32;
+    n.imm = static_cast<uint32_t>(which) * 4 + axis;
+    n.uniform = which == Builtin::GroupId || which == Builtin::GroupSize ||
+                which == Builtin::GridSize || which == Builtin::SubgroupSize;
+    if (which == Builtin::SubgroupSize || which == Builtin::SubgroupLane)
+        r.module().usesSubgroups = true;
+    return r.add(n, false);
+}
+
+Handle declareScalar(Type type) {
+    Recorder &r = current();
+    if (type == Type::Bool) r.fail("scalars are int32_t, uint32_t or float");
+    r.module().scalars.push_back(type);
+    Node n;
+    n.op = Op::Scalar;
+    n.type = type;
+    n.imm = static_cast<uint32_t>(r.module().scalars.size() - 1);
+    n.uniform = true;
+    return r.add(n, false);
+}
+
+uint32_t declareBinding(Type type, Access access) {
+    Recorder &r = current();
+    r.module().bindings.push_back({type, access, false});
+    return static_cast<uint32_t>(r.module().bindings.size() - 1);
+}
+
+uint32_t declareArray(Space space, Type type, uint32_t length) {
+    Recorder &r = current();
+    if (length == 0) r.fail("an array of length 0");
+    if (uint64_t(length) * sizeOf(type) > (64u << 20))
+        r.fail("an array of " + std::to_string(length) + " elements (over 64 MiB)");
+    r.module().arrays.push_back({space, type, length});
+    return static_cast<uint32_t>(r.module().arrays.size() - 1);
+}
+
+uint32_t declareVar(Type type, Handle init) {
+    Recorder &r = current();
+    const uint32_t value = r.use(init, "a variable's initial value");
+    if (r.module().nodes[value].type != type) r.fail("a variable's initial value has another type");
+    r.module().vars.push_back(type);
+    const auto id = static_cast<uint32_t>(r.module().vars.size() - 1);
+    VarState state;
+    state.block = r.frames_.back().block;
+    state.uniform = r.module().nodes[value].uniform && r.controlUniform();
+    r.vars_.push_back(state);
+    Stmt s;
+    s.kind = StmtKind::DeclareVar;
+    s.target = id;
+    s.value = value;
+    r.append(s);
+    return id;
+}
+
+Handle length(uint32_t binding) {
+    Recorder &r = current();
+    if (binding >= r.module().bindings.size()) r.fail("length() of an unknown binding");
+    r.module().bindings[binding].lengthUsed = true;
+    Node n;
+    n.op = Op::Length;
+    n.type = Type::U32;
+    n.imm = binding;
+    n.uniform = true;
+    return r.add(n, false);
+}
+
+namespace {
+
+/// The element type of a memory target; checks that it exists and is visible.
+Type targetType(Recorder &r, Space space, uint32_t target) {
+    const Module &m = r.module();
+    switch (space) {
+    case Space::Buffer:
+        if (target >= m.bindings.size()) r.fail("an access to an unknown binding");
+        return m.bindings[target].type;
+    case Space::Shared:
+    case Space::Private:
+        if (target >= m.arrays.size()) r.fail("an access to an unknown array");
+        return m.arrays[target].type;
+    case Space::Var: {
+        if (target >= m.vars.size()) r.fail("an access to an unknown variable");
+        const uint32_t declared = r.vars_[target].block;
+        bool visible = false;
+        for (uint32_t b = r.frames_.back().block; b != kNone; b = m.blocks[b].parent)
+            visible = visible || b == declared;
+        if (!visible)
+            r.fail("variable v" + std::to_string(target) +
+                   " is used outside the block that declared it");
+        return m.vars[target];
+    }
+    }
+    return Type::U32;
+}
+
+uint32_t indexOf(Recorder &r, Handle index) {
+    const uint32_t i = r.use(index, "an index");
+    if (r.module().nodes[i].type != Type::U32) r.fail("indices are uint32_t values");
+    return i;
+}
+
+} // namespace
+
+Handle load(Space space, uint32_t target, Handle index) {
+    Recorder &r = current();
+    Node n;
+    n.op = Op::Load;
+    n.space = space;
+    n.imm = target;
+    n.type = targetType(r, space, target);
+    if (space == Space::Buffer && r.module().bindings[target].access == Access::Write)
+        r.fail("binding " + std::to_string(target) + " is an output (write-only); declare it "
+               "with k.inout<T>() to read it");
+    if (space == Space::Var) {
+        n.uniform = r.vars_[target].uniform;
+        if (n.uniform) n.vars = {target};
+        return r.add(n, true);
+    }
+    n.a = indexOf(r, index);
+    n.uniform = false;
+    return r.add(n, true);
+}
+
+void store(Space space, uint32_t target, Handle index, Handle value) {
+    Recorder &r = current();
+    const Type type = targetType(r, space, target);
+    const uint32_t v = r.use(value, "a stored value");
+    if (r.module().nodes[v].type != type)
+        r.fail(std::string("a store of a ") + toString(r.module().nodes[v].type) + " value into " +
+               toString(type) + " memory");
+    if (space == Space::Buffer && r.module().bindings[target].access == Access::Read)
+        r.fail("binding " + std::to_string(target) + " is an input (read-only); declare it "
+               "with k.inout<T>() or k.output<T>() to write it");
+    Stmt s;
+    s.kind = StmtKind::Store;
+    s.space = space;
+    s.target = target;
+    s.value = v;
+    if (space == Space::Var) r.storeVar(target, v);
+    else s.index = indexOf(r, index);
+    r.append(s);
+}
+
+Handle atomic(AtomicOp op, Space space, uint32_t target, Handle index, Handle value) {
+    Recorder &r = current();
+    if (space != Space::Buffer && space != Space::Shared)
+        r.fail("atomics work on buffer and shared-array elements");
+    const Type type = targetType(r, space, target);
+    if (!isInteger(type)) r.fail("atomics work on int32_t and uint32_t elements");
+    if (space == Space::Buffer && r.module().bindings[target].access != Access::ReadWrite)
+        r.fail("an atomic on binding " + std::to_string(target) +
+               ", which is not declared k.inout<T>()");
+    Node n;
+    n.op = Op::Atomic;
+    n.space = space;
+    n.imm = target;
+    n.atomicOp = op;
+    n.type = type;
+    n.a = indexOf(r, index);
+    n.b = r.use(value, "an atomic's value");
+    if (r.module().nodes[n.b].type != type) r.fail("an atomic's value has another type");
+    n.uniform = false;
+    return r.add(n, true);
+}
+
+Handle subgroup(Op op, Handle value, Handle arg) {
+    Recorder &r = current();
+    r.collective("a subgroup operation");
+    Node n;
+    n.op = op;
+    n.a = r.use(value, "a subgroup operand");
+    n.type = r.module().nodes[n.a].type;
+    if (n.type == Type::Bool) r.fail("subgroup operations take numbers");
+    if (op == Op::ShuffleXor || op == Op::Broadcast) {
+        n.b = r.use(arg, "a lane");
+        if (r.module().nodes[n.b].type != Type::U32) r.fail("lanes are uint32_t values");
+    }
+    r.module().usesSubgroups = true;
+    n.uniform = false;
+    return r.add(n, true);
+}
+
+IfSite recordIf(Handle condition, const std::function<void()> &then) {
+    Recorder &r = current();
+    const uint32_t c = r.use(condition, "an If condition");
+    if (r.module().nodes[c].type != Type::Bool) r.fail("k.If needs a bool condition");
+    Stmt s;
+    s.kind = StmtKind::If;
+    s.node = c;
+    s.body = r.newBlock();
+    r.append(s);
+    const uint32_t block = r.frames_.back().block;
+    const IfSite site{block, static_cast<uint32_t>(r.module().blocks[block].stmts.size() - 1),
+                      r.serial()};
+    r.within(s.body, r.module().nodes[c].uniform, false, c, then);
+    return site;
+}
+
+void recordElse(const std::vector<IfSite> &path, const std::function<void()> &otherwise) {
+    Recorder &r = current();
+    auto lastIf = [&](const IfSite &site, uint32_t block) {
+        const auto &stmts = r.module().blocks[block].stmts;
+        return site.kernel == r.serial() && site.block == block && site.index + 1 == stmts.size() &&
+               stmts[site.index].kind == StmtKind::If;
+    };
+    // Walks down the chain: each further If is the only thing its parent's else branch ends with.
+    std::function<void(size_t)> descend = [&](size_t level) {
+        const uint32_t here = r.frames_.back().block;
+        if (!lastIf(path[level], here) ||
+            (level + 1 == path.size()) != (r.module().blocks[here].stmts[path[level].index].other == kNone))
+            r.fail(".Else() / .ElseIf() must directly follow its k.If(...) with nothing recorded "
+                   "between");
+        const uint32_t c = r.module().blocks[here].stmts[path[level].index].node;
+        const bool uniform = r.module().nodes[c].uniform;
+        if (level + 1 < path.size()) {
+            const uint32_t elseBlock = r.module().blocks[here].stmts[path[level].index].other;
+            r.within(elseBlock, uniform, false, c, [&] { descend(level + 1); });
+            return;
+        }
+        const uint32_t block = r.newBlock(); // may reallocate blocks: index again
+        r.module().blocks[here].stmts[path[level].index].other = block;
+        r.within(block, uniform, false, c, otherwise);
+    };
+    if (path.empty()) r.fail(".Else() without a k.If");
+    descend(0);
+}
+
+void recordFor(Type type, Handle begin, Handle end, Handle step,
+               const std::function<void(Handle)> &body) {
+    Recorder &r = current();
+    Stmt s;
+    s.kind = StmtKind::For;
+    s.begin = r.use(begin, "a loop start");
+    s.end = r.use(end, "a loop end");
+    s.step = r.use(step, "a loop step");
+    const auto &nodes = r.module().nodes;
+    for (uint32_t o : {s.begin, s.end, s.step})
+        if (nodes[o].type != type) r.fail("a k.For's start, end and step have another type");
+    s.body = r.newBlock();
+    // The index: a leaf defined in the body block.
+    Node index;
+    index.op = Op::LoopIndex;
+    index.type = type;
+    index.imm = r.module().loops++;
+    index.uniform = nodes[s.begin].uniform && nodes[s.end].uniform && nodes[s.step].uniform;
+    for (uint32_t o : {s.begin, s.end, s.step})
+        for (uint32_t v : nodes[o].vars) index.vars.push_back(v);
+    if (!index.uniform) index.vars.clear();
+    r.module().nodes.push_back(index);
+    s.node = static_cast<uint32_t>(r.module().nodes.size() - 1);
+    r.module().nodes.back().block = s.body;
+    r.append(s);
+    const Handle i{s.node, r.serial()};
+    r.within(s.body, index.uniform, true, s.node, [&] { body(i); });
+}
+
+void recordWhile(const std::function<Handle()> &condition, const std::function<void()> &body) {
+    Recorder &r = current();
+    Stmt s;
+    s.kind = StmtKind::While;
+    s.other = r.newBlock();
+    r.append(s);
+    const size_t at = r.module().blocks[r.frames_.back().block].stmts.size() - 1;
+    const uint32_t parentBlock = r.frames_.back().block;
+    uint32_t c = kNone;
+    // The condition block is part of the loop: a thread-dependent condition is a divergent exit.
+    Frame f;
+    f.block = s.other;
+    f.uniform = r.controlUniform();
+    f.loop = true;
+    r.frames_.push_back(f);
+    try {
+        c = r.use(condition(), "a While condition");
+        if (r.module().nodes[c].type != Type::Bool) r.fail("k.While needs a bool condition");
+        const bool uniform = r.module().nodes[c].uniform;
+        r.frames_.back().condition = c;
+        if (!uniform) r.frames_.back().uniform = false;
+        const uint32_t bodyBlock = r.newBlock(); // parent: the condition block
+        r.module().blocks[parentBlock].stmts[at].node = c;
+        r.module().blocks[parentBlock].stmts[at].body = bodyBlock;
+        r.within(bodyBlock, uniform, false, c, body);
+        if (r.frames_.back().hasCollective && !uniform)
+            r.fail("a barrier or subgroup operation in a k.While whose condition is "
+                   "thread-dependent");
+    } catch (...) {
+        r.frames_.pop_back();
+        throw;
+    }
+    r.frames_.pop_back();
+}
+
+void recordJump(Jump j) { current().jump(j); }
+
+void recordBarrier() {
+    Recorder &r = current();
+    r.collective("barrier()");
+    r.module().usesBarrier = true;
+    Stmt s;
+    s.kind = StmtKind::Barrier;
+    r.append(s);
+}
+
+/// Records `body` into a fresh module (used by lang::kernel()).
+std::shared_ptr<Module> record(std::string name, const std::function<void(Builder &)> &body,
+                               KernelOptions options) {
+    Recorder recorder(std::move(name), options, gSerial.fetch_add(1));
+    Recorder *outer = gCurrent;
+    gCurrent = &recorder;
+    try {
+        Builder builder;
+        body(builder);
+    } catch (...) {
+        gCurrent = outer;
+        throw;
+    }
+    gCurrent = outer;
+    return std::make_shared<Module>(std::move(recorder.module()));
+}
+
+} // namespace backplane::lang::detail
+
+namespace backplane::lang {
+
+const char *toString(Type type) noexcept {
+    switch (type) {
+    case Type::Bool: return "bool";
+    case Type::I32: return "i32";
+    case Type::U32: return "u32";
+    case Type::F32: return "f32";
+    }
+    return "?";
+}
+
+} // namespace backplane::lang

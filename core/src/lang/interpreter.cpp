@@ -1,0 +1,1180 @@
+// The host path of the kernel language: runs a recorded Module for one workgroup, in lock-step.
+#include "lang/ir.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace backplane::lang::detail {
+namespace {
+
+// Every thread ("lane") of the workgroup runs each statement before any lane runs the next, so a
+// barrier is a no-op and a statement is one loop over the lanes that the compiler can vectorise.
+// Values live in registers of one uint32 per lane; control flow is a mask per construct. A lane
+// that jumps (break, continue, return) is marked in `dead_` and leaves every mask up to the
+// construct that absorbs the jump (its loop; nothing for return).
+//
+// Registers are planned per call from the Module (plan()): the Module may be freed and another
+// recorded at the same address between calls, so nothing derived from it is cached by address.
+// Planning is linear in the IR's size, small next to running it for every lane.
+
+enum LaneState : uint8_t { kAlive = 0, kBroke = 1, kContinued = 2, kReturned = 3 };
+
+/// Limits that keep a malformed or enormous kernel from exhausting the stack or memory. The
+/// function has no way to report an error: such a workgroup is left undone.
+constexpr uint64_t kMaxLanes = uint64_t{1} << 16;
+constexpr uint32_t kMaxLevel = 4096; // two mask levels per nesting level
+constexpr uint64_t kMaxScratchWords = uint64_t{1} << 29; // 2 GiB
+
+float asFloat(uint32_t bits) { return std::bit_cast<float>(bits); }
+uint32_t bitsOf(float value) { return std::bit_cast<uint32_t>(value); }
+int32_t asInt(uint32_t bits) { return static_cast<int32_t>(bits); }
+
+bool isLeaf(Op op) {
+    return op == Op::Constant || op == Op::Builtin || op == Op::Scalar || op == Op::Length;
+}
+
+/// Operands (a, b, c in that order) an operation reads; -1 for an unknown operation.
+int arity(const Node &n) {
+    switch (n.op) {
+    case Op::Constant:
+    case Op::Builtin:
+    case Op::Scalar:
+    case Op::Length:
+    case Op::LoopIndex: return 0;
+    case Op::Load: return n.space == Space::Var ? 0 : 1;
+    case Op::Neg:
+    case Op::Not:
+    case Op::BitNot:
+    case Op::Cast:
+    case Op::Abs:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Exp:
+    case Op::Log:
+    case Op::Sin:
+    case Op::Cos:
+    case Op::Tanh:
+    case Op::Floor:
+    case Op::Ceil:
+    case Op::SubgroupSum:
+    case Op::SubgroupMin:
+    case Op::SubgroupMax: return 1;
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Rem:
+    case Op::Min:
+    case Op::Max:
+    case Op::And:
+    case Op::Or:
+    case Op::Xor:
+    case Op::Shl:
+    case Op::Shr:
+    case Op::Eq:
+    case Op::Ne:
+    case Op::Lt:
+    case Op::Le:
+    case Op::Gt:
+    case Op::Ge:
+    case Op::Pow:
+    case Op::Atomic:
+    case Op::ShuffleXor:
+    case Op::Broadcast: return 2;
+    case Op::Select:
+    case Op::Fma: return 3;
+    }
+    return -1;
+}
+
+/// Same value in every active lane wherever it is used: computed from constants, scalars, lengths,
+/// group ids and sizes, and the indices of loops bounded by such values. Node::uniform is not
+/// enough here: a variable it was computed from may become thread-dependent later in a loop.
+bool uniformBuiltin(uint32_t imm) {
+    switch (static_cast<Builtin>(imm / 4)) {
+    case Builtin::GroupId:
+    case Builtin::GroupSize:
+    case Builtin::GridSize:
+    case Builtin::SubgroupSize:
+    case Builtin::SubgroupLane: return true; // 1 and 0 on the host
+    default: return false;
+    }
+}
+
+uint32_t combine(AtomicOp op, bool isSigned, uint32_t old, uint32_t value) {
+    switch (op) {
+    case AtomicOp::Add: return old + value;
+    case AtomicOp::Min:
+        return isSigned ? (asInt(value) < asInt(old) ? value : old) : std::min(old, value);
+    case AtomicOp::Max:
+        return isSigned ? (asInt(value) > asInt(old) ? value : old) : std::max(old, value);
+    case AtomicOp::And: return old & value;
+    case AtomicOp::Or: return old | value;
+    case AtomicOp::Xor: return old ^ value;
+    case AtomicOp::Exchange: return value;
+    }
+    return old;
+}
+
+/// An atomic on buffer memory that other workgroups may update at the same time.
+uint32_t atomicOnBuffer(unsigned char *at, bool aligned, AtomicOp op, bool isSigned,
+                        uint32_t value) {
+    if (!aligned) {
+        // atomic_ref needs 4-byte alignment; a misaligned binding (the host plugin aligns its
+        // bindings, a foreign caller might not) is updated without atomicity.
+        uint32_t old;
+        std::memcpy(&old, at, sizeof old);
+        const uint32_t next = combine(op, isSigned, old, value);
+        std::memcpy(at, &next, sizeof next);
+        return old;
+    }
+    std::atomic_ref<uint32_t> ref(*reinterpret_cast<uint32_t *>(at));
+    switch (op) {
+    case AtomicOp::Add: return ref.fetch_add(value);
+    case AtomicOp::And: return ref.fetch_and(value);
+    case AtomicOp::Or: return ref.fetch_or(value);
+    case AtomicOp::Xor: return ref.fetch_xor(value);
+    case AtomicOp::Exchange: return ref.exchange(value);
+    case AtomicOp::Min:
+    case AtomicOp::Max: break;
+    }
+    uint32_t old = ref.load(std::memory_order_relaxed);
+    for (;;) {
+        const uint32_t next = combine(op, isSigned, old, value);
+        if (next == old || ref.compare_exchange_weak(old, next)) return old;
+    }
+}
+
+uint32_t floatToI32(uint32_t bits) {
+    const float f = asFloat(bits);
+    if (!(f == f)) return 0;
+    if (f <= -2147483648.0f) return 0x80000000u;
+    if (f >= 2147483648.0f) return 0x7fffffffu;
+    return static_cast<uint32_t>(static_cast<int32_t>(f));
+}
+
+uint32_t floatToU32(uint32_t bits) {
+    const float f = asFloat(bits);
+    if (!(f > 0.0f)) return 0; // NaN, negatives and (-1, 0) all give 0
+    if (f >= 4294967296.0f) return 0xffffffffu;
+    return static_cast<uint32_t>(f);
+}
+
+/// One active set of lanes: `on[l]` per lane, and the active lanes in order in `lanes` (valid
+/// when count < the lane count; a full mask loops over every lane).
+struct Mask {
+    uint8_t *on = nullptr;
+    uint32_t *lanes = nullptr;
+    uint32_t count = 0;
+};
+
+/// A binding as the kernel sees it: its memory and its element count (0 when absent).
+struct BufferView {
+    unsigned char *data = nullptr;
+    uint64_t length = 0;
+    bool aligned = false;
+};
+
+/// The interpreter of one thread: its scratch (registers, variables, arrays, masks) and the plan
+/// of the Module it runs, reused from call to call so that a call allocates only while its
+/// scratch grows.
+class Interpreter {
+public:
+    void run(const Module &module, const bp_host_kernel_context &context);
+
+private:
+    // -- planning ----------------------------------------------------------------------------------
+    bool plan();
+    bool walk(uint32_t block, uint32_t freeLevel);
+    bool use(uint32_t node, uint32_t pos);
+    bool define(uint32_t node, uint32_t pos);
+    bool checkLet(uint32_t node, uint32_t pos);
+    bool checkTarget(Space space, uint32_t target, bool atomic) const;
+    void planUniform();
+    void allocate();
+    bool prepare(const bp_host_kernel_context &context);
+    void fillLeaves(const bp_host_kernel_context &context);
+
+    // -- running -----------------------------------------------------------------------------------
+    uint32_t *reg(uint32_t node) { return regs_.data() + size_t{slot_[node]} * n_; }
+    uint32_t *var(uint32_t id) { return vars_.data() + size_t{id} * n_; }
+    uint32_t first(const Mask &m) const { return m.count == n_ ? 0 : m.lanes[0]; }
+
+    /// Calls f(lane) for every active lane in lane order: a plain loop over all lanes when every
+    /// lane is active (the loop the compiler vectorises), the lane list otherwise.
+    template <class F> void each(const Mask &m, F f) const {
+        const uint32_t n = n_, count = m.count;
+        if (count == n) {
+            for (uint32_t l = 0; l < n; ++l) f(l);
+        } else {
+            const uint32_t *lanes = m.lanes;
+            for (uint32_t i = 0; i < count; ++i) f(lanes[i]);
+        }
+    }
+    template <class F> void map1(const Mask &m, uint32_t *out, const uint32_t *a, F f) const {
+        each(m, [=](uint32_t l) { out[l] = f(a[l]); });
+    }
+    template <class F>
+    void map2(const Mask &m, uint32_t *out, const uint32_t *a, const uint32_t *b, F f) const {
+        each(m, [=](uint32_t l) { out[l] = f(a[l], b[l]); });
+    }
+
+    void recount(Mask &m) const;
+    void copyMask(const Mask &from, Mask &to) const;
+    void refresh(Mask &m) const;
+    void settle(Mask &loop);
+
+    void runBlock(uint32_t block, Mask &m, uint32_t freeLevel);
+    void runIf(const Stmt &s, Mask &m, uint32_t freeLevel);
+    void runFor(const Stmt &s, Mask &m, uint32_t freeLevel);
+    void runWhile(const Stmt &s, Mask &m, uint32_t freeLevel);
+    void jump(Jump kind, Mask &m);
+    void let(uint32_t node, const Mask &m);
+    void arithmetic(const Node &node, uint32_t *out, const Mask &m);
+    void cast(const Node &node, uint32_t *out, const Mask &m);
+    void load(const Node &node, uint32_t *out, const Mask &m);
+    void store(const Stmt &s, const Mask &m);
+    void atomic(const Node &node, uint32_t *out, const Mask &m);
+
+    const Module *m_ = nullptr;
+    uint32_t n_ = 0; ///< lanes
+    uint32_t block_[3] = {1, 1, 1};
+
+    // plan, per node
+    std::vector<uint32_t> slot_;
+    std::vector<uint32_t> defPos_;
+    std::vector<uint32_t> lastUse_;
+    std::vector<uint32_t> outerLoop_; ///< the last loop entered after the def and used in
+    std::vector<uint8_t> uniform_;
+    std::vector<const Stmt *> forOf_; ///< LoopIndex node: its For statement
+    // plan, per block
+    std::vector<uint8_t> visited_;
+    std::vector<uint8_t> hasJump_;   ///< a jump anywhere inside (nested blocks included)
+    std::vector<uint8_t> hasReturn_; ///< a return anywhere inside
+    // plan, positions and loops
+    std::vector<uint32_t> posDef_; ///< node defined at each position, or kNone
+    std::vector<uint32_t> loopStart_, loopEnd_;
+    std::vector<uint32_t> openLoops_;
+    std::vector<std::pair<uint64_t, uint32_t>> leaves_;
+    std::vector<uint32_t> endStart_, endNodes_, freeSlots_;
+    std::vector<uint32_t> privOffset_, sharedOffset_;
+    uint32_t positions_ = 0;
+    uint32_t maxLevel_ = 0;
+    uint32_t slots_ = 0;
+    uint32_t constSlots_ = 0;
+    uint64_t privWords_ = 0, sharedWords_ = 0;
+
+    // scratch
+    std::vector<uint32_t> regs_;
+    std::vector<uint32_t> vars_;
+    std::vector<uint32_t> private_;
+    std::vector<uint32_t> shared_;
+    std::vector<uint8_t> dead_;
+    std::vector<uint8_t> maskOn_;
+    std::vector<uint32_t> maskLanes_;
+    std::vector<Mask> masks_;
+    std::vector<BufferView> buffers_;
+    /// The constants held by register slots [0, size) for lane count cachedLanes_: constants
+    /// take the first slots of every plan, so a workgroup of the same kernel refills none.
+    std::vector<uint32_t> cachedConstants_;
+    uint32_t cachedLanes_ = 0;
+};
+
+// -- planning ------------------------------------------------------------------------------------
+
+bool Interpreter::checkTarget(Space space, uint32_t target, bool atomic) const {
+    const Module &m = *m_;
+    switch (space) {
+    case Space::Buffer: return target < m.bindings.size();
+    case Space::Shared:
+    case Space::Private:
+        return target < m.arrays.size() && m.arrays[target].space == space &&
+               !(atomic && space == Space::Private);
+    case Space::Var: return !atomic && target < m.vars.size();
+    }
+    return false;
+}
+
+bool Interpreter::use(uint32_t node, uint32_t pos) {
+    if (node >= m_->nodes.size()) return false;
+    if (isLeaf(m_->nodes[node].op)) return true;
+    const uint32_t def = defPos_[node];
+    if (def == kNone) return false; // used before (or without) its statement
+    lastUse_[node] = std::max(lastUse_[node], pos);
+    // A value from before a loop is read in every iteration: it lives to the loop's end.
+    for (uint32_t loop : openLoops_) {
+        if (loopStart_[loop] <= def) continue;
+        // Loops found this way for different uses are disjoint: the last one ends last.
+        if (outerLoop_[node] == kNone || loopStart_[loop] > loopStart_[outerLoop_[node]])
+            outerLoop_[node] = loop;
+        break;
+    }
+    return true;
+}
+
+bool Interpreter::define(uint32_t node, uint32_t pos) {
+    if (node >= m_->nodes.size() || defPos_[node] != kNone) return false;
+    defPos_[node] = pos;
+    lastUse_[node] = pos;
+    posDef_[pos] = node;
+    return true;
+}
+
+bool Interpreter::checkLet(uint32_t node, uint32_t pos) {
+    if (node >= m_->nodes.size()) return false;
+    const Node &n = m_->nodes[node];
+    if (isLeaf(n.op)) return true; // evaluated once per workgroup: the Let is redundant
+    if (n.op == Op::LoopIndex) return false;
+    const int operands = arity(n);
+    if (operands < 0) return false;
+    const uint32_t ids[3] = {n.a, n.b, n.c};
+    for (int i = 0; i < operands; ++i)
+        if (!use(ids[i], pos)) return false;
+    if (n.op == Op::Load && !checkTarget(n.space, n.imm, false)) return false;
+    if (n.op == Op::Atomic && !checkTarget(n.space, n.imm, true)) return false;
+    return define(node, pos);
+}
+
+bool Interpreter::walk(uint32_t block, uint32_t freeLevel) {
+    const Module &m = *m_;
+    if (block >= m.blocks.size() || visited_[block] || freeLevel > kMaxLevel) return false;
+    visited_[block] = 1;
+    bool jumps = false, returns = false;
+    // A loop absorbs the breaks and continues of its blocks; a return goes through.
+    auto nested = [&](uint32_t child, bool loop) {
+        if (!walk(child, freeLevel + 2)) return false;
+        jumps = jumps || (loop ? hasReturn_[child] : hasJump_[child]);
+        returns = returns || hasReturn_[child];
+        return true;
+    };
+    const auto &stmts = m.blocks[block].stmts;
+    for (uint32_t i = 0; i < stmts.size(); ++i) {
+        const Stmt &s = stmts[i];
+        const uint32_t pos = positions_++;
+        if (posDef_.size() < positions_ + 2) posDef_.resize(2 * positions_ + 16, kNone);
+        switch (s.kind) {
+        case StmtKind::Let:
+            if (!checkLet(s.node, pos)) return false;
+            break;
+        case StmtKind::Store:
+            if (!checkTarget(s.space, s.target, false) || !use(s.value, pos)) return false;
+            if (s.space != Space::Var && !use(s.index, pos)) return false;
+            break;
+        case StmtKind::DeclareVar:
+            if (!checkTarget(Space::Var, s.target, false) || !use(s.value, pos)) return false;
+            break;
+        case StmtKind::If:
+            maxLevel_ = std::max(maxLevel_, freeLevel + 1);
+            if (!use(s.node, pos) || !nested(s.body, false)) return false;
+            if (s.other != kNone && !nested(s.other, false)) return false;
+            break;
+        case StmtKind::For: {
+            maxLevel_ = std::max(maxLevel_, freeLevel + 1);
+            if (s.node >= m.nodes.size() || m.nodes[s.node].op != Op::LoopIndex) return false;
+            if (!use(s.begin, pos) || !use(s.end, pos) || !use(s.step, pos)) return false;
+            if (!define(s.node, pos)) return false;
+            forOf_[s.node] = &s;
+            const auto loop = static_cast<uint32_t>(loopStart_.size());
+            loopStart_.push_back(pos);
+            loopEnd_.push_back(kNone);
+            openLoops_.push_back(loop);
+            if (!nested(s.body, true)) return false;
+            const uint32_t end = positions_++;
+            if (!use(s.end, end) || !use(s.step, end) || !use(s.node, end)) return false;
+            openLoops_.pop_back();
+            loopEnd_[loop] = end;
+            break;
+        }
+        case StmtKind::While: {
+            maxLevel_ = std::max(maxLevel_, freeLevel + 1);
+            const auto loop = static_cast<uint32_t>(loopStart_.size());
+            loopStart_.push_back(pos);
+            loopEnd_.push_back(kNone);
+            openLoops_.push_back(loop);
+            if (!nested(s.other, true)) return false;
+            const uint32_t test = positions_++;
+            if (!use(s.node, test) || !nested(s.body, true)) return false;
+            const uint32_t end = positions_++;
+            openLoops_.pop_back();
+            loopEnd_[loop] = end;
+            break;
+        }
+        case StmtKind::Jump:
+            jumps = true;
+            returns = returns || s.jump == Jump::Return;
+            break;
+        case StmtKind::Barrier: break;
+        default: return false;
+        }
+        if (posDef_.size() < positions_ + 2) posDef_.resize(2 * positions_ + 16, kNone);
+    }
+    hasJump_[block] = jumps;
+    hasReturn_[block] = returns;
+    return true;
+}
+
+void Interpreter::planUniform() {
+    const auto &nodes = m_->nodes;
+    for (uint32_t i = 0; i < nodes.size(); ++i) {
+        const Node &n = nodes[i];
+        bool u = false;
+        switch (n.op) {
+        case Op::Constant:
+        case Op::Scalar:
+        case Op::Length: u = true; break;
+        case Op::Builtin: u = uniformBuiltin(n.imm); break;
+        case Op::LoopIndex: {
+            // Every lane in the loop has run the same iterations when its bounds are uniform.
+            const Stmt *s = forOf_[i];
+            u = s != nullptr;
+            if (u)
+                for (uint32_t o : {s->begin, s->end, s->step}) u = u && o < i && uniform_[o];
+            break;
+        }
+        case Op::Load:
+        case Op::Atomic:
+        case Op::SubgroupSum:
+        case Op::SubgroupMin:
+        case Op::SubgroupMax:
+        case Op::ShuffleXor:
+        case Op::Broadcast: u = false; break;
+        default: {
+            // Operands recorded before the node (SSA order); a later one counts as varying.
+            u = true;
+            for (uint32_t o : {n.a, n.b, n.c})
+                if (o != kNone) u = u && o < i && uniform_[o];
+        }
+        }
+        uniform_[i] = u;
+    }
+}
+
+void Interpreter::allocate() {
+    const Module &m = *m_;
+    const auto count = static_cast<uint32_t>(m.nodes.size());
+
+    // Leaves: one slot per distinct value, constants first (the slots the cache keeps filled).
+    leaves_.clear();
+    for (uint32_t i = 0; i < count; ++i) {
+        const Node &n = m.nodes[i];
+        if (!isLeaf(n.op)) continue;
+        const uint64_t kind = n.op == Op::Constant ? 0 : n.op == Op::Builtin ? 1 : n.op == Op::Scalar ? 2 : 3;
+        leaves_.push_back({(kind << 32) | n.imm, i});
+    }
+    std::sort(leaves_.begin(), leaves_.end());
+    uint32_t next = 0;
+    constSlots_ = 0;
+    for (size_t i = 0; i < leaves_.size(); ++i) {
+        if (i > 0 && leaves_[i].first != leaves_[i - 1].first) ++next;
+        slot_[leaves_[i].second] = next;
+        if ((leaves_[i].first >> 32) == 0) constSlots_ = next + 1;
+    }
+    if (!leaves_.empty()) ++next;
+
+    // Statement values: linear scan over positions, a slot freed after the value's last use
+    // (extended to the end of the outermost loop it is read in but defined before).
+    const uint32_t positions = positions_;
+    endStart_.assign(positions + 2, 0);
+    for (uint32_t i = 0; i < count; ++i) {
+        if (defPos_[i] == kNone) continue;
+        uint32_t end = lastUse_[i];
+        if (outerLoop_[i] != kNone) end = std::max(end, loopEnd_[outerLoop_[i]]);
+        lastUse_[i] = end;
+        ++endStart_[end + 1];
+    }
+    for (uint32_t p = 0; p + 1 < endStart_.size(); ++p) endStart_[p + 1] += endStart_[p];
+    endNodes_.assign(endStart_.back(), 0);
+    {
+        std::vector<uint32_t> &fill = freeSlots_; // reused as the per-position cursor here
+        fill.assign(endStart_.begin(), endStart_.end());
+        for (uint32_t i = 0; i < count; ++i)
+            if (defPos_[i] != kNone) endNodes_[fill[lastUse_[i]]++] = i;
+    }
+    freeSlots_.clear();
+    for (uint32_t p = 0; p < positions; ++p) {
+        const uint32_t def = posDef_[p];
+        if (def != kNone) {
+            // Allocated before this position's dying values are freed: a result never shares
+            // a register with its operands, so the lane loops see no aliasing.
+            if (freeSlots_.empty()) {
+                slot_[def] = next++;
+            } else {
+                slot_[def] = freeSlots_.back();
+                freeSlots_.pop_back();
+            }
+        }
+        for (uint32_t k = endStart_[p]; k < endStart_[p + 1]; ++k)
+            freeSlots_.push_back(slot_[endNodes_[k]]);
+    }
+    slots_ = std::max(next, 1u);
+}
+
+bool Interpreter::plan() {
+    const Module &m = *m_;
+    const size_t count = m.nodes.size();
+    if (m.blocks.empty() || count >= kNone / 2 || m.blocks.size() >= kNone / 2) return false;
+    slot_.assign(count, 0);
+    defPos_.assign(count, kNone);
+    lastUse_.assign(count, 0);
+    outerLoop_.assign(count, kNone);
+    uniform_.assign(count, 0);
+    forOf_.assign(count, nullptr);
+    visited_.assign(m.blocks.size(), 0);
+    hasJump_.assign(m.blocks.size(), 0);
+    hasReturn_.assign(m.blocks.size(), 0);
+    posDef_.assign(64, kNone);
+    loopStart_.clear();
+    loopEnd_.clear();
+    openLoops_.clear();
+    positions_ = 0;
+    maxLevel_ = 0;
+    for (const Node &n : m.nodes)
+        if (n.op == Op::Builtin && n.imm / 4 > static_cast<uint32_t>(Builtin::SubgroupLane)) return false;
+    if (!walk(0, 1)) return false;
+    planUniform();
+    allocate();
+
+    privOffset_.assign(m.arrays.size(), 0);
+    sharedOffset_.assign(m.arrays.size(), 0);
+    privWords_ = 0;
+    sharedWords_ = 0;
+    for (uint32_t a = 0; a < m.arrays.size(); ++a) {
+        const ArrayDecl &array = m.arrays[a];
+        if (array.space == Space::Private) {
+            privOffset_[a] = static_cast<uint32_t>(privWords_);
+            privWords_ += array.length;
+        } else {
+            sharedOffset_[a] = static_cast<uint32_t>(sharedWords_);
+            sharedWords_ += array.length;
+        }
+        if (privWords_ >= kNone || sharedWords_ >= kNone) return false;
+    }
+    return true;
+}
+
+// -- scratch -------------------------------------------------------------------------------------
+
+template <class T> void growTo(std::vector<T> &v, size_t size) {
+    if (v.size() < size) v.resize(size);
+}
+
+bool Interpreter::prepare(const bp_host_kernel_context &context) {
+    const Module &m = *m_;
+    const uint64_t n = n_;
+    const uint64_t levels = uint64_t{maxLevel_} + 1;
+    const uint64_t words = uint64_t{slots_} * n + m.vars.size() * n + privWords_ * n +
+                           sharedWords_ + levels * n * 2;
+    if (words > kMaxScratchWords) return false;
+
+    // Registers keep their contents when they grow, so the constant cache stays valid.
+    growTo(regs_, size_t{slots_} * n);
+    vars_.assign(m.vars.size() * n, 0);
+    private_.assign(privWords_ * n, 0);
+    shared_.assign(sharedWords_, 0);
+    dead_.assign(n, kAlive);
+    growTo(maskOn_, levels * n);
+    growTo(maskLanes_, levels * n);
+    masks_.resize(levels);
+    for (uint64_t l = 0; l < levels; ++l) {
+        masks_[l].on = maskOn_.data() + l * n;
+        masks_[l].lanes = maskLanes_.data() + l * n;
+        masks_[l].count = 0;
+    }
+
+    buffers_.assign(m.bindings.size(), BufferView{});
+    if (context.buffers != nullptr && context.buffer_sizes != nullptr) {
+        for (uint32_t b = 0; b < m.bindings.size() && b < context.buffer_count; ++b) {
+            auto *data = static_cast<unsigned char *>(context.buffers[b]);
+            if (data == nullptr) continue;
+            buffers_[b].data = data;
+            buffers_[b].length = context.buffer_sizes[b] / 4;
+            buffers_[b].aligned = reinterpret_cast<uintptr_t>(data) % alignof(uint32_t) == 0;
+        }
+    }
+    fillLeaves(context);
+    return true;
+}
+
+void Interpreter::fillLeaves(const bp_host_kernel_context &context) {
+    const Module &m = *m_;
+    const uint32_t n = n_;
+    if (cachedLanes_ != n) cachedConstants_.clear();
+    cachedLanes_ = n;
+    if (cachedConstants_.size() > constSlots_) cachedConstants_.resize(constSlots_);
+
+    uint32_t lastSlot = kNone;
+    for (const auto &[key, node] : leaves_) {
+        const uint32_t s = slot_[node];
+        if (s == lastSlot) continue;
+        lastSlot = s;
+        uint32_t *out = regs_.data() + size_t{s} * n;
+        const Node &leaf = m.nodes[node];
+        auto fill = [&](uint32_t value) { std::fill(out, out + n, value); };
+        switch (leaf.op) {
+        case Op::Constant:
+            if (s < cachedConstants_.size() && cachedConstants_[s] == leaf.imm) break;
+            fill(leaf.imm);
+            if (cachedConstants_.size() <= s) cachedConstants_.resize(s + 1, ~leaf.imm);
+            cachedConstants_[s] = leaf.imm;
+            break;
+        case Op::Scalar: {
+            uint32_t value = 0;
+            const uint64_t at = uint64_t{leaf.imm} * 4;
+            if (context.scalars != nullptr && at < context.scalar_size)
+                std::memcpy(&value, static_cast<const unsigned char *>(context.scalars) + at,
+                            std::min<uint64_t>(4, context.scalar_size - at));
+            fill(value);
+            break;
+        }
+        case Op::Length: {
+            const uint64_t length = leaf.imm < buffers_.size() ? buffers_[leaf.imm].length : 0;
+            fill(static_cast<uint32_t>(std::min<uint64_t>(length, UINT32_MAX)));
+            break;
+        }
+        case Op::Builtin: {
+            const auto which = static_cast<Builtin>(leaf.imm / 4);
+            const uint32_t axis = leaf.imm % 4;
+            const uint32_t bx = block_[0], bxy = block_[0] * block_[1];
+            auto local = [&](uint32_t l) {
+                return axis == 0 ? l % bx : axis == 1 ? (l / bx) % block_[1] : l / bxy;
+            };
+            const bool inAxis = axis < 3;
+            switch (which) {
+            case Builtin::LocalId:
+                for (uint32_t l = 0; l < n; ++l) out[l] = inAxis ? local(l) : 0;
+                break;
+            case Builtin::GroupId: fill(inAxis ? context.workgroup[axis] : 0); break;
+            case Builtin::GlobalId: {
+                const uint32_t base = inAxis ? context.workgroup[axis] * block_[axis] : 0;
+                for (uint32_t l = 0; l < n; ++l) out[l] = inAxis ? base + local(l) : 0;
+                break;
+            }
+            case Builtin::GroupSize: fill(inAxis ? block_[axis] : 0); break;
+            case Builtin::GridSize: fill(inAxis ? context.grid[axis] : 0); break;
+            case Builtin::LocalIndex:
+                for (uint32_t l = 0; l < n; ++l) out[l] = l;
+                break;
+            case Builtin::SubgroupSize: fill(1); break;
+            case Builtin::SubgroupLane: fill(0); break;
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+// -- masks ---------------------------------------------------------------------------------------
+
+void Interpreter::recount(Mask &m) const {
+    const uint32_t n = n_;
+    const uint8_t *on = m.on;
+    uint32_t *lanes = m.lanes;
+    uint32_t count = 0;
+    for (uint32_t l = 0; l < n; ++l) {
+        lanes[count] = l;
+        count += on[l];
+    }
+    m.count = count;
+}
+
+void Interpreter::copyMask(const Mask &from, Mask &to) const {
+    std::memcpy(to.on, from.on, n_);
+    if (from.count < n_) std::memcpy(to.lanes, from.lanes, size_t{from.count} * sizeof(uint32_t));
+    to.count = from.count;
+}
+
+/// Drops the lanes that jumped from `m`.
+void Interpreter::refresh(Mask &m) const {
+    const uint32_t n = n_;
+    const uint8_t *dead = dead_.data();
+    uint8_t *on = m.on;
+    for (uint32_t l = 0; l < n; ++l) on[l] = on[l] & (dead[l] == kAlive ? 1 : 0);
+    recount(m);
+}
+
+/// After one iteration of a loop: a lane that continued goes on, one that broke leaves the loop
+/// (and is alive after it), one that returned leaves for good.
+void Interpreter::settle(Mask &loop) {
+    const uint32_t n = n_;
+    uint8_t *dead = dead_.data();
+    uint8_t *on = loop.on;
+    for (uint32_t l = 0; l < n; ++l) {
+        if (!on[l]) continue;
+        const uint8_t d = dead[l];
+        if (d == kBroke || d == kReturned) on[l] = 0;
+        if (d == kBroke || d == kContinued) dead[l] = kAlive;
+    }
+    recount(loop);
+}
+
+// -- control flow --------------------------------------------------------------------------------
+
+void Interpreter::runBlock(uint32_t block, Mask &m, uint32_t freeLevel) {
+    for (const Stmt &s : m_->blocks[block].stmts) {
+        if (m.count == 0) return;
+        switch (s.kind) {
+        case StmtKind::Let: let(s.node, m); break;
+        case StmtKind::Store: store(s, m); break;
+        case StmtKind::DeclareVar: {
+            uint32_t *out = var(s.target);
+            const uint32_t *value = reg(s.value);
+            each(m, [=](uint32_t l) { out[l] = value[l]; });
+            break;
+        }
+        case StmtKind::If: runIf(s, m, freeLevel); break;
+        case StmtKind::For: runFor(s, m, freeLevel); break;
+        case StmtKind::While: runWhile(s, m, freeLevel); break;
+        case StmtKind::Jump: jump(s.jump, m); return;
+        case StmtKind::Barrier: break; // every lane finished the statements before it
+        }
+    }
+}
+
+void Interpreter::jump(Jump kind, Mask &m) {
+    const uint8_t state = kind == Jump::Break ? kBroke : kind == Jump::Continue ? kContinued : kReturned;
+    uint8_t *dead = dead_.data();
+    each(m, [=](uint32_t l) { dead[l] = state; });
+    std::memset(m.on, 0, n_);
+    m.count = 0;
+}
+
+void Interpreter::runIf(const Stmt &s, Mask &m, uint32_t freeLevel) {
+    const uint32_t *condition = reg(s.node);
+    if (uniform_[s.node]) {
+        const uint32_t taken = condition[first(m)] != 0 ? s.body : s.other;
+        if (taken == kNone) return;
+        if (!hasJump_[taken]) {
+            runBlock(taken, m, freeLevel); // no jump inside: the block leaves m as it is
+            return;
+        }
+        Mask &t = masks_[freeLevel];
+        copyMask(m, t);
+        runBlock(taken, t, freeLevel + 2);
+        refresh(m);
+        return;
+    }
+    Mask &t = masks_[freeLevel], &e = masks_[freeLevel + 1];
+    const uint32_t n = n_;
+    const uint8_t *on = m.on;
+    uint8_t *thenOn = t.on, *elseOn = e.on;
+    for (uint32_t l = 0; l < n; ++l) {
+        const uint8_t c = condition[l] != 0 ? 1 : 0;
+        thenOn[l] = on[l] & c;
+        elseOn[l] = on[l] & (c ^ 1);
+    }
+    recount(t);
+    if (s.other != kNone) recount(e);
+    if (t.count != 0) runBlock(s.body, t, freeLevel + 2);
+    if (s.other != kNone && e.count != 0) runBlock(s.other, e, freeLevel + 2);
+    if (hasJump_[s.body] || (s.other != kNone && hasJump_[s.other])) refresh(m);
+}
+
+template <bool Signed> bool indexBelow(uint32_t i, uint32_t end) {
+    if constexpr (Signed) return asInt(i) < asInt(end);
+    else return i < end;
+}
+
+template <bool Signed>
+void narrowLoop(uint8_t *on, const uint32_t *counter, const uint32_t *end, uint32_t n) {
+    for (uint32_t l = 0; l < n; ++l) on[l] = on[l] & (indexBelow<Signed>(counter[l], end[l]) ? 1 : 0);
+}
+
+void Interpreter::runFor(const Stmt &s, Mask &m, uint32_t freeLevel) {
+    const uint32_t n = n_;
+    uint32_t *counter = reg(s.node);
+    const uint32_t *begin = reg(s.begin), *end = reg(s.end), *step = reg(s.step);
+    const bool isSigned = m_->nodes[s.node].type == Type::I32;
+    const bool jumps = hasJump_[s.body];
+    std::memcpy(counter, begin, size_t{n} * sizeof(uint32_t));
+    auto advance = [=] {
+        for (uint32_t l = 0; l < n; ++l) counter[l] += step[l]; // wraps like the GPU code
+    };
+    if (uniform_[s.node] && !jumps) {
+        // Every lane runs every iteration: the body runs under m itself.
+        const uint32_t l0 = first(m);
+        while (isSigned ? indexBelow<true>(counter[l0], end[l0])
+                        : indexBelow<false>(counter[l0], end[l0])) {
+            runBlock(s.body, m, freeLevel);
+            advance();
+        }
+        return;
+    }
+    Mask &loop = masks_[freeLevel], &iteration = masks_[freeLevel + 1];
+    copyMask(m, loop);
+    for (;;) {
+        if (isSigned) narrowLoop<true>(loop.on, counter, end, n);
+        else narrowLoop<false>(loop.on, counter, end, n);
+        recount(loop);
+        if (loop.count == 0) break;
+        if (jumps) {
+            copyMask(loop, iteration);
+            runBlock(s.body, iteration, freeLevel + 2);
+            settle(loop);
+        } else {
+            runBlock(s.body, loop, freeLevel + 2);
+        }
+        advance(); // continued lanes too: `continue` still runs the increment
+    }
+    if (hasReturn_[s.body]) refresh(m);
+}
+
+void Interpreter::runWhile(const Stmt &s, Mask &m, uint32_t freeLevel) {
+    const uint32_t n = n_;
+    const bool jumps = hasJump_[s.other] || hasJump_[s.body];
+    Mask &loop = masks_[freeLevel], &iteration = masks_[freeLevel + 1];
+    copyMask(m, loop);
+    for (;;) {
+        copyMask(loop, iteration);
+        runBlock(s.other, iteration, freeLevel + 2);
+        // Lanes whose condition is false leave the loop.
+        const uint32_t *condition = reg(s.node);
+        uint8_t *loopOn = loop.on, *on = iteration.on;
+        for (uint32_t l = 0; l < n; ++l) {
+            if (on[l] && condition[l] == 0) {
+                on[l] = 0;
+                loopOn[l] = 0;
+            }
+        }
+        recount(iteration);
+        if (iteration.count != 0) runBlock(s.body, iteration, freeLevel + 2);
+        if (jumps) settle(loop);
+        else recount(loop);
+        if (loop.count == 0) break;
+    }
+    if (hasReturn_[s.other] || hasReturn_[s.body]) refresh(m);
+}
+
+// -- values --------------------------------------------------------------------------------------
+
+void Interpreter::let(uint32_t node, const Mask &m) {
+    const Node &n = m_->nodes[node];
+    uint32_t *out = reg(node);
+    switch (n.op) {
+    case Op::Constant:
+    case Op::Builtin:
+    case Op::Scalar:
+    case Op::Length:
+    case Op::LoopIndex: return; // filled once per workgroup (loop indices by their For)
+    case Op::Load: load(n, out, m); return;
+    case Op::Atomic: atomic(n, out, m); return;
+    case Op::SubgroupSum:
+    case Op::SubgroupMin:
+    case Op::SubgroupMax:
+    case Op::ShuffleXor:
+    case Op::Broadcast: {
+        // Subgroups of one lane: a reduction is the value, a shuffle the lane's own value.
+        const uint32_t *a = reg(n.a);
+        each(m, [=](uint32_t l) { out[l] = a[l]; });
+        return;
+    }
+    case Op::Cast: cast(n, out, m); return;
+    default: arithmetic(n, out, m); return;
+    }
+}
+
+void Interpreter::cast(const Node &node, uint32_t *out, const Mask &m) {
+    const uint32_t *a = reg(node.a);
+    const Type from = m_->nodes[node.a].type, to = node.type;
+    if (from == to || (from != Type::F32 && from != Type::Bool && to != Type::F32 && to != Type::Bool)) {
+        map1(m, out, a, [](uint32_t x) { return x; }); // int <-> int keeps the bits
+    } else if (to == Type::Bool) {
+        if (from == Type::F32) map1(m, out, a, [](uint32_t x) { return asFloat(x) != 0.0f ? 1u : 0u; });
+        else map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
+    } else if (from == Type::Bool) {
+        if (to == Type::F32) map1(m, out, a, [](uint32_t x) { return x != 0 ? 0x3f800000u : 0u; });
+        else map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
+    } else if (from == Type::F32) {
+        if (to == Type::I32) map1(m, out, a, [](uint32_t x) { return floatToI32(x); });
+        else map1(m, out, a, [](uint32_t x) { return floatToU32(x); });
+    } else if (from == Type::I32) {
+        map1(m, out, a, [](uint32_t x) { return bitsOf(static_cast<float>(asInt(x))); });
+    } else {
+        map1(m, out, a, [](uint32_t x) { return bitsOf(static_cast<float>(x)); });
+    }
+}
+
+void Interpreter::arithmetic(const Node &node, uint32_t *out, const Mask &m) {
+    const Type t = m_->nodes[node.a].type; // the operands' type (comparisons give bool)
+    const bool f = t == Type::F32, s = t == Type::I32;
+    const uint32_t *a = reg(node.a);
+    const uint32_t *b = node.b != kNone ? reg(node.b) : nullptr;
+    const uint32_t *c = node.c != kNone ? reg(node.c) : nullptr;
+    auto fmap1 = [&](auto fn) { map1(m, out, a, [=](uint32_t x) { return bitsOf(fn(asFloat(x))); }); };
+    auto fmap2 = [&](auto fn) {
+        map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return bitsOf(fn(asFloat(x), asFloat(y))); });
+    };
+    auto compare = [&](auto fn) {
+        if (f) map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return fn(asFloat(x), asFloat(y)) ? 1u : 0u; });
+        else if (s) map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return fn(asInt(x), asInt(y)) ? 1u : 0u; });
+        else map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return fn(x, y) ? 1u : 0u; });
+    };
+    switch (node.op) {
+    case Op::Neg:
+        if (f) fmap1([](float x) { return -x; });
+        else map1(m, out, a, [](uint32_t x) { return 0u - x; });
+        return;
+    case Op::Not: map1(m, out, a, [](uint32_t x) { return x == 0 ? 1u : 0u; }); return;
+    case Op::BitNot: map1(m, out, a, [](uint32_t x) { return ~x; }); return;
+    case Op::Add:
+        if (f) fmap2([](float x, float y) { return x + y; });
+        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x + y; });
+        return;
+    case Op::Sub:
+        if (f) fmap2([](float x, float y) { return x - y; });
+        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x - y; });
+        return;
+    case Op::Mul:
+        if (f) fmap2([](float x, float y) { return x * y; });
+        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x * y; });
+        return;
+    case Op::Div:
+        if (f) {
+            fmap2([](float x, float y) { return x / y; });
+        } else if (s) {
+            // x / 0 = 0; INT_MIN / -1 = INT_MIN (the negation wraps), never SIGFPE.
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) {
+                if (y == 0) return 0u;
+                if (asInt(y) == -1) return 0u - x;
+                return static_cast<uint32_t>(asInt(x) / asInt(y));
+            });
+        } else {
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return y == 0 ? 0u : x / y; });
+        }
+        return;
+    case Op::Rem:
+        if (s) {
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) {
+                if (y == 0 || asInt(y) == -1) return 0u;
+                return static_cast<uint32_t>(asInt(x) % asInt(y));
+            });
+        } else {
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return y == 0 ? 0u : x % y; });
+        }
+        return;
+    case Op::Min:
+        if (f) fmap2([](float x, float y) { return std::fmin(x, y); });
+        else if (s) map2(m, out, a, b, [](uint32_t x, uint32_t y) { return asInt(x) < asInt(y) ? x : y; });
+        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return std::min(x, y); });
+        return;
+    case Op::Max:
+        if (f) fmap2([](float x, float y) { return std::fmax(x, y); });
+        else if (s) map2(m, out, a, b, [](uint32_t x, uint32_t y) { return asInt(x) > asInt(y) ? x : y; });
+        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return std::max(x, y); });
+        return;
+    case Op::And: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x & y; }); return;
+    case Op::Or: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x | y; }); return;
+    case Op::Xor: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x ^ y; }); return;
+    case Op::Shl: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x << (y & 31); }); return;
+    case Op::Shr:
+        if (s) map2(m, out, a, b, [](uint32_t x, uint32_t y) { return static_cast<uint32_t>(asInt(x) >> (y & 31)); });
+        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x >> (y & 31); });
+        return;
+    case Op::Eq: compare([](auto x, auto y) { return x == y; }); return;
+    case Op::Ne: compare([](auto x, auto y) { return x != y; }); return;
+    case Op::Lt: compare([](auto x, auto y) { return x < y; }); return;
+    case Op::Le: compare([](auto x, auto y) { return x <= y; }); return;
+    case Op::Gt: compare([](auto x, auto y) { return x > y; }); return;
+    case Op::Ge: compare([](auto x, auto y) { return x >= y; }); return;
+    case Op::Select:
+        each(m, [=](uint32_t l) { out[l] = a[l] != 0 ? b[l] : c[l]; });
+        return;
+    case Op::Fma:
+        each(m, [=](uint32_t l) {
+            out[l] = bitsOf(std::fma(asFloat(a[l]), asFloat(b[l]), asFloat(c[l])));
+        });
+        return;
+    case Op::Pow: fmap2([](float x, float y) { return std::pow(x, y); }); return;
+    case Op::Abs:
+        if (f) fmap1([](float x) { return std::fabs(x); });
+        else if (s) map1(m, out, a, [](uint32_t x) { return asInt(x) < 0 ? 0u - x : x; });
+        else map1(m, out, a, [](uint32_t x) { return x; });
+        return;
+    case Op::Sqrt: fmap1([](float x) { return std::sqrt(x); }); return;
+    case Op::Rsqrt: fmap1([](float x) { return 1.0f / std::sqrt(x); }); return;
+    case Op::Exp: fmap1([](float x) { return std::exp(x); }); return;
+    case Op::Log: fmap1([](float x) { return std::log(x); }); return;
+    case Op::Sin: fmap1([](float x) { return std::sin(x); }); return;
+    case Op::Cos: fmap1([](float x) { return std::cos(x); }); return;
+    case Op::Tanh: fmap1([](float x) { return std::tanh(x); }); return;
+    case Op::Floor: fmap1([](float x) { return std::floor(x); }); return;
+    case Op::Ceil: fmap1([](float x) { return std::ceil(x); }); return;
+    default: return; // plan() admits no other operation here
+    }
+}
+
+// -- memory --------------------------------------------------------------------------------------
+// Every access is bounds-checked on the host, whatever KernelOptions::checked says: an index out
+// of range loads 0, stores nothing, and an atomic returns 0.
+
+void Interpreter::load(const Node &node, uint32_t *out, const Mask &m) {
+    const uint32_t n = n_;
+    if (node.space == Space::Var) {
+        const uint32_t *v = var(node.imm);
+        each(m, [=](uint32_t l) { out[l] = v[l]; });
+        return;
+    }
+    const uint32_t *index = reg(node.a);
+    switch (node.space) {
+    case Space::Private: {
+        const uint32_t *base = private_.data() + size_t{privOffset_[node.imm]} * n;
+        const uint32_t length = m_->arrays[node.imm].length;
+        if (uniform_[node.a]) {
+            const uint32_t i = index[first(m)];
+            if (i >= length) {
+                each(m, [=](uint32_t l) { out[l] = 0; });
+                return;
+            }
+            const uint32_t *row = base + size_t{i} * n;
+            each(m, [=](uint32_t l) { out[l] = row[l]; });
+            return;
+        }
+        each(m, [=](uint32_t l) {
+            const uint32_t i = index[l];
+            out[l] = i < length ? base[size_t{i} * n + l] : 0;
+        });
+        return;
+    }
+    case Space::Shared: {
+        const uint32_t *base = shared_.data() + sharedOffset_[node.imm];
+        const uint32_t length = m_->arrays[node.imm].length;
+        each(m, [=](uint32_t l) {
+            const uint32_t i = index[l];
+            out[l] = i < length ? base[i] : 0;
+        });
+        return;
+    }
+    case Space::Buffer: {
+        const BufferView view = buffers_[node.imm];
+        const unsigned char *data = view.data;
+        const uint64_t length = view.length;
+        each(m, [=](uint32_t l) {
+            const uint32_t i = index[l];
+            uint32_t value = 0;
+            if (i < length) std::memcpy(&value, data + size_t{i} * 4, sizeof value);
+            out[l] = value;
+        });
+        return;
+    }
+    case Space::Var: return;
+    }
+}
+
+void Interpreter::store(const Stmt &s, const Mask &m) {
+    const uint32_t n = n_;
+    const uint32_t *value = reg(s.value);
+    if (s.space == Space::Var) {
+        uint32_t *v = var(s.target);
+        each(m, [=](uint32_t l) { v[l] = value[l]; });
+        return;
+    }
+    const uint32_t *index = reg(s.index);
+    switch (s.space) {
+    case Space::Private: {
+        uint32_t *base = private_.data() + size_t{privOffset_[s.target]} * n;
+        const uint32_t length = m_->arrays[s.target].length;
+        if (uniform_[s.index]) {
+            const uint32_t i = index[first(m)];
+            if (i >= length) return;
+            uint32_t *row = base + size_t{i} * n;
+            each(m, [=](uint32_t l) { row[l] = value[l]; });
+            return;
+        }
+        each(m, [=](uint32_t l) {
+            const uint32_t i = index[l];
+            if (i < length) base[size_t{i} * n + l] = value[l];
+        });
+        return;
+    }
+    case Space::Shared: {
+        // Lanes store in order: where several write one element, the highest lane's value stays.
+        uint32_t *base = shared_.data() + sharedOffset_[s.target];
+        const uint32_t length = m_->arrays[s.target].length;
+        each(m, [=](uint32_t l) {
+            const uint32_t i = index[l];
+            if (i < length) base[i] = value[l];
+        });
+        return;
+    }
+    case Space::Buffer: {
+        const BufferView view = buffers_[s.target];
+        unsigned char *data = view.data;
+        const uint64_t length = view.length;
+        each(m, [=](uint32_t l) {
+            const uint32_t i = index[l];
+            if (i < length) std::memcpy(data + size_t{i} * 4, &value[l], sizeof(uint32_t));
+        });
+        return;
+    }
+    case Space::Var: return;
+    }
+}
+
+void Interpreter::atomic(const Node &node, uint32_t *out, const Mask &m) {
+    const uint32_t *index = reg(node.a), *value = reg(node.b);
+    const bool isSigned = node.type == Type::I32;
+    const AtomicOp op = node.atomicOp;
+    if (node.space == Space::Buffer) {
+        const BufferView view = buffers_[node.imm];
+        each(m, [&](uint32_t l) {
+            const uint32_t i = index[l];
+            out[l] = i < view.length
+                         ? atomicOnBuffer(view.data + size_t{i} * 4, view.aligned, op, isSigned, value[l])
+                         : 0;
+        });
+        return;
+    }
+    // Shared memory: this call owns the workgroup, so lanes apply in order without atomics.
+    uint32_t *base = shared_.data() + sharedOffset_[node.imm];
+    const uint32_t length = m_->arrays[node.imm].length;
+    each(m, [=](uint32_t l) {
+        const uint32_t i = index[l];
+        if (i >= length) {
+            out[l] = 0;
+            return;
+        }
+        const uint32_t old = base[i];
+        base[i] = combine(op, isSigned, old, value[l]);
+        out[l] = old;
+    });
+}
+
+// -- entry ---------------------------------------------------------------------------------------
+
+void Interpreter::run(const Module &module, const bp_host_kernel_context &context) {
+    m_ = &module;
+    for (int d = 0; d < 3; ++d) block_[d] = context.block[d];
+    const uint64_t lanes = uint64_t{block_[0]} * block_[1] * block_[2];
+    if (lanes == 0 || lanes > kMaxLanes) return;
+    n_ = static_cast<uint32_t>(lanes);
+    if (!plan()) return;
+    if (!prepare(context)) return;
+    Mask &all = masks_[0];
+    std::memset(all.on, 1, n_);
+    recount(all);
+    runBlock(0, all, 1);
+}
+
+} // namespace
+
+void interpretWorkgroup(const bp_host_kernel_context *context) {
+    // Called through a C function pointer by the host plugin: nothing may escape.
+    try {
+        constexpr size_t kNeeded = offsetof(bp_host_kernel_context, user_data) + sizeof(void *);
+        if (context == nullptr || context->struct_size < kNeeded || context->user_data == nullptr)
+            return;
+        thread_local Interpreter interpreter;
+        interpreter.run(*static_cast<const Module *>(context->user_data), *context);
+    } catch (...) {
+        // std::bad_alloc growing the scratch: the workgroup is left undone.
+    }
+}
+
+} // namespace backplane::lang::detail

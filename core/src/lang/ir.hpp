@@ -1,0 +1,124 @@
+// The kernel language's IR: value nodes, structured statements in blocks, and the signature.
+#pragma once
+
+#include <backplane/lang.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+/// The IR is what lang::kernel() records (core/src/lang/builder.cpp) and what the generators
+/// (source_gen.cpp) and the host interpreter (interpreter.cpp) read. It is structured like the
+/// source languages it is printed as: blocks of statements, with if / for / while / break /
+/// continue / return, so generating CUDA or GLSL is printing, not control-flow reconstruction.
+///
+/// Values are nodes in SSA form. A node that reads memory or has an effect is evaluated where it
+/// was recorded (its Let statement), so `Value v = x[i]; x[i] = 0;` keeps the old value in v on
+/// every target. Leaves (constants, scalars, ids, lengths, loop indices) have no statement and may
+/// be printed wherever they are used.
+namespace backplane::lang::detail {
+
+inline constexpr uint32_t kNone = UINT32_MAX;
+
+/// One value. Operands a, b, c are node indices (kNone when unused).
+struct Node {
+    Op op = Op::Constant;
+    Type type = Type::U32;
+    /// Same for every thread of a workgroup (see builder.cpp for the rules).
+    bool uniform = false;
+    /// The block whose statement defines it (0 for leaves usable anywhere).
+    uint32_t block = 0;
+    uint32_t a = kNone, b = kNone, c = kNone;
+    /// Constant: the value's bits. Builtin: builtin * 4 + axis. Scalar: field index. Length:
+    /// binding. LoopIndex: the For statement's loop id. Load / Atomic: target (binding, array or
+    /// var). Atomic: also atomicOp. Cast: nothing (the operand's type is nodes[a].type).
+    uint32_t imm = 0;
+    Space space = Space::Buffer; ///< Load / Atomic
+    AtomicOp atomicOp = AtomicOp::Add;
+    /// Variables this (uniform) value was computed from: if one of them later becomes
+    /// thread-dependent, control flow decided by this value may diverge.
+    std::vector<uint32_t> vars;
+};
+
+enum class StmtKind : uint8_t { Let, Store, DeclareVar, If, For, While, Jump, Barrier };
+
+/// One statement.
+/// - Let: evaluates `node`.
+/// - Store: space/target[index] = value (index unused for Var).
+/// - DeclareVar: var `target` = value.
+/// - If: if (node) body else other (other may be kNone).
+/// - For: for (node = begin; node < end; node += step) body; node is the LoopIndex node.
+/// - While: loop { other (the condition block); if (!node) break; body } (body's parent is other).
+/// - Jump: break / continue / return.
+/// - Barrier: workgroup barrier, shared memory ordered.
+struct Stmt {
+    StmtKind kind = StmtKind::Let;
+    uint32_t node = kNone;
+    Space space = Space::Buffer;
+    uint32_t target = 0;
+    uint32_t index = kNone;
+    uint32_t value = kNone;
+    uint32_t body = kNone, other = kNone;
+    uint32_t begin = kNone, end = kNone, step = kNone;
+    Jump jump = Jump::Break;
+};
+
+struct Block {
+    std::vector<Stmt> stmts;
+    uint32_t parent = kNone;
+};
+
+struct BindingDecl {
+    Type type = Type::F32;
+    Access access = Access::ReadWrite;
+    bool lengthUsed = false;
+};
+
+struct ArrayDecl {
+    Space space = Space::Shared;
+    Type type = Type::F32;
+    uint32_t length = 0;
+};
+
+/// A recorded kernel.
+struct Module {
+    std::string name;
+    /// The CUDA/HIP function name: name made an identifier.
+    std::string entryPoint;
+    KernelOptions options;
+    std::vector<Node> nodes;
+    std::vector<Block> blocks; ///< blocks[0] is the kernel body
+    std::vector<BindingDecl> bindings;
+    std::vector<Type> scalars; ///< the caller's scalar struct, in order (4 bytes each)
+    std::vector<ArrayDecl> arrays;
+    std::vector<Type> vars;
+    uint32_t loops = 0; ///< For statements (LoopIndex ids)
+    bool usesSubgroups = false;
+    bool usesBarrier = false;
+
+    /// Bindings whose element count follows the caller's scalars, in order.
+    std::vector<uint32_t> lengthFields() const {
+        std::vector<uint32_t> fields;
+        for (uint32_t b = 0; b < bindings.size(); ++b)
+            if (bindings[b].lengthUsed || options.checked) fields.push_back(b);
+        return fields;
+    }
+    /// Size in bytes of the scalar struct the generated code reads (caller's + lengths).
+    uint32_t scalarStructBytes() const {
+        return static_cast<uint32_t>(4 * (scalars.size() + lengthFields().size()));
+    }
+};
+
+/// Element size in bytes of a buffer or array type (4 for every type of this version).
+inline uint32_t sizeOf(Type) { return 4; }
+
+/// Generated sources (source_gen.cpp). `dialect` is Cuda, Hip or Glsl.
+std::string generateSource(const Module &module, Dialect dialect);
+/// A readable listing of the IR (what `backplane kernels dump --dialect host` prints).
+std::string listModule(const Module &module);
+
+/// The host interpreter (interpreter.cpp): the function of every portable host variant; its
+/// user data is the Module.
+void interpretWorkgroup(const bp_host_kernel_context *context);
+
+} // namespace backplane::lang::detail

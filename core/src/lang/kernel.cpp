@@ -1,0 +1,101 @@
+// lang::kernel(): records a body, generates every dialect's variant; Kernel's accessors.
+#include "lang/ir.hpp"
+
+#include <backplane/client.hpp>
+#include <backplane/error.hpp>
+
+namespace backplane::lang {
+namespace detail {
+std::shared_ptr<Module> record(std::string name, const std::function<void(Builder &)> &body,
+                               KernelOptions options);
+} // namespace detail
+
+namespace {
+
+/// The portable variants, in the order the core should prefer them. CUDA and HIP turn off
+/// contraction so that a*b+c rounds twice on every target (fma() is the fused one); GLSL does the
+/// same with `precise`.
+KernelSource variantsOf(const std::shared_ptr<const detail::Module> &module) {
+    const detail::Module &m = *module;
+    KernelSource source;
+    source.name = m.name;
+    source.variants.push_back(KernelVariant::text(
+        Dialect::Cuda, m.entryPoint, detail::generateSource(m, Dialect::Cuda), {"--fmad=false"}));
+    source.variants.push_back(KernelVariant::text(
+        Dialect::Hip, m.entryPoint, detail::generateSource(m, Dialect::Hip), {"-ffp-contract=off"}));
+    source.variants.push_back(
+        KernelVariant::text(Dialect::Glsl, "main", detail::generateSource(m, Dialect::Glsl)));
+    // The host variant's key is the IR listing: two kernels with the same listing are the same
+    // program, so the core may share one loaded kernel between them.
+    source.variants.push_back(KernelVariant::host(&detail::interpretWorkgroup, m.entryPoint,
+                                                  std::shared_ptr<const void>(module, &m),
+                                                  "backplane-lang\n" + detail::listModule(m)));
+    return source;
+}
+
+} // namespace
+
+Kernel kernel(std::string name, const std::function<void(Builder &)> &body, KernelOptions options) {
+    if (!body) throw Error(ErrorCode::InvalidArgument, "kernel '" + name + "': no body");
+    Kernel k;
+    k.module_ = detail::record(std::move(name), body, options);
+    k.source_ = variantsOf(k.module_);
+    return k;
+}
+
+const detail::Module &Kernel::module() const {
+    if (!module_) throw Error(ErrorCode::InvalidArgument, "an empty lang::Kernel (default-constructed)");
+    return *module_;
+}
+
+std::string Kernel::text(Dialect dialect) const {
+    const detail::Module &m = module();
+    if (dialect == Dialect::Host) return detail::listModule(m);
+    return detail::generateSource(m, dialect);
+}
+
+uint32_t Kernel::bindingCount() const noexcept {
+    return module_ ? static_cast<uint32_t>(module_->bindings.size()) : 0;
+}
+
+uint32_t Kernel::scalarBytes() const noexcept {
+    return module_ ? static_cast<uint32_t>(4 * module_->scalars.size()) : 0;
+}
+
+Dispatch Kernel::prepare(const Dispatch &dispatch) const {
+    const detail::Module &m = module();
+    auto fail = [&](const std::string &what) {
+        throw Error(ErrorCode::InvalidArgument, "kernel '" + m.name + "': " + what);
+    };
+    if (dispatch.bindings.size() != m.bindings.size())
+        fail("the dispatch has " + std::to_string(dispatch.bindings.size()) +
+             " bindings, the kernel declares " + std::to_string(m.bindings.size()));
+    if (dispatch.scalars.size() != scalarBytes())
+        fail("the dispatch has " + std::to_string(dispatch.scalars.size()) +
+             " scalar bytes, the kernel declares " + std::to_string(m.scalars.size()) +
+             " scalars (" + std::to_string(scalarBytes()) + " bytes; append them with "
+             "Dispatch::scalar in declaration order)");
+    const std::vector<uint32_t> lengths = m.lengthFields();
+    if (lengths.empty()) return dispatch;
+    Dispatch prepared = dispatch;
+    for (uint32_t b : lengths) {
+        const uint64_t bytes = dispatch.bindings[b].size();
+        const uint32_t element = detail::sizeOf(m.bindings[b].type);
+        if (bytes % element != 0 || bytes / element > UINT32_MAX)
+            fail("binding " + std::to_string(b) + " is " + std::to_string(bytes) +
+                 " bytes: not a whole number of " + std::to_string(element) +
+                 "-byte elements, or over 2^32 of them");
+        prepared.scalar(static_cast<uint32_t>(bytes / element));
+    }
+    return prepared;
+}
+
+} // namespace backplane::lang
+
+namespace backplane {
+
+void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch) {
+    execute(kernel.source(), kernel.prepare(dispatch));
+}
+
+} // namespace backplane

@@ -1,0 +1,469 @@
+// Every portable kernel on every device present (host always; lavapipe in CI; CUDA and Vulkan on
+// the GPU machine), compared with a CPU reference: exact for integers, a stated bound for floats.
+// Also pins down the rules where targets differ: integer division, shifts, casts, contraction,
+// out-of-bounds accesses in checked mode, subgroup width, atomics. Public API only.
+#include <backplane/client.hpp>
+#include <backplane/config.hpp>
+#include <backplane/error.hpp>
+#include <backplane/kernels.hpp>
+#include <backplane/lang.hpp>
+#include <backplane/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace backplane;
+using lang::Value;
+
+namespace {
+
+/// The runtime over every plugin manifest this build made (plugins whose device is missing
+/// simply report none).
+const Runtime &runtime() {
+    static const Runtime instance([] {
+        Config config;
+        config.pluginPathOverride = {MANIFESTS};
+        config.probeMode = ProbeMode::InProcess;
+        config.cacheEnabled = false;
+        return config;
+    }());
+    return instance;
+}
+
+/// One client per device present.
+std::vector<ComputeClient> &clients() {
+    static std::vector<ComputeClient> all = [] {
+        std::vector<ComputeClient> opened;
+        for (const PhysicalDevice &device : runtime().devices()) {
+            for (const DeviceInfo &route : device.routes) {
+                opened.push_back(runtime().open(runtime().select(route.id())));
+                MESSAGE("device " << route.id() << ": " << route.name);
+            }
+        }
+        return opened;
+    }();
+    return all;
+}
+
+uint32_t ceilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+/// Within `ulps` units in the last place of `want`, or `absolute` of it (NaN never matches).
+bool close(float got, float want, int ulps, float absolute = 0) {
+    if (std::isnan(got) || std::isnan(want)) return false;
+    if (std::fabs(got - want) <= absolute) return true;
+    const auto a = std::bit_cast<int32_t>(got), b = std::bit_cast<int32_t>(want);
+    if ((a < 0) != (b < 0)) return got == want;
+    return std::abs(int64_t(a) - int64_t(b)) <= ulps;
+}
+
+std::vector<float> randomFloats(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(n);
+    for (float &x : v) x = dist(rng);
+    return v;
+}
+
+template <class T> std::vector<T> randomInts(size_t n, uint32_t seed, int64_t lo, int64_t hi) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int64_t> dist(lo, hi);
+    std::vector<T> v(n);
+    for (T &x : v) x = static_cast<T>(dist(rng));
+    return v;
+}
+
+Dispatch oneD(uint32_t threads, uint32_t block = 64) {
+    Dispatch d;
+    d.block = {block, 1, 1};
+    d.grid = {ceilDiv(threads, block), 1, 1};
+    return d;
+}
+
+/// Runs the two-pass reduction: per-group partials, then one group over them.
+template <class T> T reduceOn(ComputeClient &c, const std::vector<T> &x, uint32_t block) {
+    const lang::Kernel k = kernels::reduceSum<T>(block);
+    const uint32_t n = static_cast<uint32_t>(x.size()), groups = 40;
+    Buffer in = c.createFrom<T>(x);
+    Buffer partial = c.empty(groups * sizeof(T));
+    Buffer total = c.empty(sizeof(T));
+    Dispatch first;
+    first.block = {block, 1, 1};
+    first.grid = {groups, 1, 1};
+    first.bindings = {in, partial};
+    first.scalar(n);
+    c.execute(k, first);
+    Dispatch second;
+    second.block = {block, 1, 1};
+    second.bindings = {partial, total};
+    second.scalar(groups);
+    c.execute(k, second);
+    return c.readAs<T>(total)[0];
+}
+
+template <class T> std::vector<T> scanOn(ComputeClient &c, const std::vector<T> &x, uint32_t block) {
+    Buffer in = c.createFrom<T>(x);
+    Buffer out = c.empty(x.size() * sizeof(T));
+    Dispatch d;
+    d.block = {block, 1, 1};
+    d.bindings = {in, out};
+    d.scalar(static_cast<uint32_t>(x.size()));
+    c.execute(kernels::inclusiveScan<T>(block), d);
+    return c.readAs<T>(out);
+}
+
+bool fits(const DeviceInfo &device, uint32_t threads, uint32_t sharedBytes) {
+    return (device.maxBlockThreads == 0 || threads <= device.maxBlockThreads) &&
+           (device.maxSharedMemoryBytes == 0 || sharedBytes <= device.maxSharedMemoryBytes);
+}
+
+} // namespace
+
+TEST_CASE("there is at least the host device to run on") { REQUIRE(!clients().empty()); }
+
+TEST_CASE("saxpy matches a*x+y fused on every device") {
+    const lang::Kernel saxpy = kernels::saxpy();
+    const uint32_t n = 10007;
+    const std::vector<float> x = randomFloats(n, 1), y = randomFloats(n, 2);
+    const float a = 1.37f;
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<float>(x), by = c.createFrom<float>(y);
+        Dispatch d = oneD(n, 256);
+        d.bindings = {bx, by};
+        d.scalar(a).scalar(n);
+        c.execute(saxpy, d);
+        const std::vector<float> got = c.readAs<float>(by);
+        size_t wrong = 0;
+        for (uint32_t i = 0; i < n; ++i)
+            // fma() is correctly rounded on CUDA and the host; Vulkan only promises the
+            // precision of a multiply and an add: 1 ULP, plus the product's rounding.
+            wrong += !close(got[i], std::fma(a, x[i], y[i]), 1, 1e-7f);
+        CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("the shared-memory reduction sums exactly for integers, within a bound for floats") {
+    const std::vector<uint32_t> u = randomInts<uint32_t>(100003, 3, 0, 1u << 20);
+    const std::vector<int32_t> s = randomInts<int32_t>(77777, 4, -100000, 100000);
+    const std::vector<float> f = randomFloats(65536 + 17, 5);
+    uint32_t wantU = 0;
+    for (uint32_t v : u) wantU += v;
+    int32_t wantS = 0;
+    for (int32_t v : s) wantS += v;
+    double wantF = 0, magnitude = 0;
+    for (float v : f) wantF += v, magnitude += std::fabs(v);
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        for (uint32_t block : {64u, 256u}) {
+            if (!fits(c.device(), block, block * 4)) continue;
+            CAPTURE(block);
+            CHECK(reduceOn<uint32_t>(c, u, block) == wantU);
+            CHECK(reduceOn<int32_t>(c, s, block) == wantS);
+            // Each thread sums a few elements, then a tree: a few tens of roundings of at most
+            // eps * sum |x| each; the bound is 1e-5 * sum |x|.
+            CHECK(std::fabs(reduceOn<float>(c, f, block) - wantF) <= 1e-5 * magnitude);
+        }
+    }
+}
+
+TEST_CASE("the inclusive prefix sum is exact for integers and bounded for floats") {
+    const std::vector<int32_t> s = randomInts<int32_t>(5000, 6, -1000, 1000);
+    const std::vector<float> f = randomFloats(3001, 7);
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        const std::vector<int32_t> gotS = scanOn<int32_t>(c, s, 128);
+        int32_t running = 0;
+        size_t wrong = 0;
+        for (size_t i = 0; i < s.size(); ++i) wrong += gotS[i] != (running += s[i]);
+        CHECK(wrong == 0);
+        const std::vector<float> gotF = scanOn<float>(c, f, 256);
+        double exact = 0, magnitude = 0;
+        wrong = 0;
+        for (size_t i = 0; i < f.size(); ++i) {
+            exact += f[i];
+            magnitude += std::fabs(f[i]);
+            // One rounding per chunk carried plus log2(block) in the chunk: 4e-6 * sum |x|.
+            wrong += !(std::fabs(gotF[i] - exact) <= 4e-6 * magnitude + 1e-6);
+        }
+        CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("the tiled matmul matches a double-precision CPU product for every tile set") {
+    const uint32_t m = 67, n = 45, k = 33;
+    const std::vector<float> a = randomFloats(size_t(m) * k, 8), b = randomFloats(size_t(k) * n, 9);
+    std::vector<double> want(size_t(m) * n, 0.0);
+    for (uint32_t i = 0; i < m; ++i)
+        for (uint32_t p = 0; p < k; ++p)
+            for (uint32_t j = 0; j < n; ++j) want[size_t(i) * n + j] += double(a[i * k + p]) * b[p * n + j];
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        for (kernels::MatmulTiles tiles : {kernels::MatmulTiles{16, 1, 16}, kernels::MatmulTiles{32, 2, 8},
+                                           kernels::MatmulTiles{64, 4, 16}}) {
+            if (!fits(c.device(), tiles.threads() * tiles.threads(), tiles.sharedBytes())) continue;
+            CAPTURE(tiles.name());
+            Buffer ba = c.createFrom<float>(a), bb = c.createFrom<float>(b), bc = c.empty(size_t(m) * n * 4);
+            Dispatch d;
+            d.block = {tiles.threads(), tiles.threads(), 1};
+            d.grid = {ceilDiv(n, tiles.tile), ceilDiv(m, tiles.tile), 1};
+            d.bindings = {ba, bb, bc};
+            d.scalar(m).scalar(n).scalar(k);
+            c.execute(kernels::matmul(tiles), d);
+            const std::vector<float> got = c.readAs<float>(bc);
+            size_t wrong = 0;
+            for (size_t i = 0; i < got.size(); ++i)
+                // k fused products of values in [-1, 1]: k * eps bounds the error.
+                wrong += !(std::fabs(got[i] - want[i]) <= 1e-6 * k);
+            CHECK(wrong == 0);
+        }
+    }
+}
+
+TEST_CASE("integer division, remainder, shifts and casts give the same bits on every device") {
+    // out = { a / b, a % b, a << s, a >> s } for i32, and the u32 and float-cast cases.
+    const lang::Kernel k = lang::kernel("int_rules", [](lang::Builder &b) {
+        auto x = b.input<int32_t>();
+        auto f = b.input<float>();
+        auto out = b.output<int32_t>();
+        auto uout = b.output<uint32_t>();
+        auto n = b.scalar<uint32_t>();
+        auto i = b.globalId().x;
+        b.If(i < n, [&] {
+            Value<int32_t> a = x[2u * i], d = x[2u * i + 1u];
+            out[4u * i] = a / d;
+            out[4u * i + 1u] = a % d;
+            out[4u * i + 2u] = a << d;
+            out[4u * i + 3u] = a >> d;
+            auto ua = lang::cast<uint32_t>(a), ud = lang::cast<uint32_t>(d);
+            uout[4u * i] = ua / ud;
+            uout[4u * i + 1u] = ua % ud;
+            uout[4u * i + 2u] = lang::cast<uint32_t>(lang::cast<int32_t>(f[i]));
+            uout[4u * i + 3u] = lang::cast<uint32_t>(f[i]);
+        });
+    });
+    const int32_t kMin = std::numeric_limits<int32_t>::min();
+    const std::vector<int32_t> pairs = {7, 2, -7, 2, 7, -2, -7, -2, kMin, -1, 5, 0, -5, 0, 0, 0,
+                                        1, 33, -8, 33, 1, 31, kMin, 1};
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> floats = {-1.5f, 3e9f, -3e9f, nan, 2.9f, 5e9f, -0.5f, 1e10f,
+                                       -2147483648.0f, 4294967040.0f, 0.99f, -7.9f};
+    const uint32_t count = static_cast<uint32_t>(pairs.size() / 2);
+    // The rules of lang.hpp: truncating division, x / 0 = 0, x % 0 = 0, INT_MIN / -1 = INT_MIN,
+    // shift counts modulo 32, float -> int saturating with NaN -> 0.
+    auto div = [&](int32_t a, int32_t d) { return d == 0 ? 0 : d == -1 ? int32_t(0u - uint32_t(a)) : a / d; };
+    auto rem = [&](int32_t a, int32_t d) { return d == 0 || d == -1 ? 0 : a % d; };
+    auto f2i = [](float v) -> int32_t {
+        if (std::isnan(v)) return 0;
+        if (v <= -2147483648.0f) return std::numeric_limits<int32_t>::min();
+        if (v >= 2147483648.0f) return std::numeric_limits<int32_t>::max();
+        return static_cast<int32_t>(v);
+    };
+    auto f2u = [](float v) -> uint32_t {
+        if (std::isnan(v) || v <= 0.0f) return 0;
+        if (v >= 4294967296.0f) return std::numeric_limits<uint32_t>::max();
+        return static_cast<uint32_t>(v);
+    };
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<int32_t>(pairs), bf = c.createFrom<float>(floats);
+        Buffer bo = c.empty(count * 16), bu = c.empty(count * 16);
+        Dispatch d = oneD(count, 32);
+        d.bindings = {bx, bf, bo, bu};
+        d.scalar(count);
+        c.execute(k, d);
+        const std::vector<int32_t> got = c.readAs<int32_t>(bo);
+        const std::vector<uint32_t> ugot = c.readAs<uint32_t>(bu);
+        for (uint32_t i = 0; i < count; ++i) {
+            const int32_t a = pairs[2 * i], dv = pairs[2 * i + 1];
+            const uint32_t ua = uint32_t(a), ud = uint32_t(dv);
+            CAPTURE(a);
+            CAPTURE(dv);
+            CHECK(got[4 * i] == div(a, dv));
+            CHECK(got[4 * i + 1] == rem(a, dv));
+            CHECK(got[4 * i + 2] == int32_t(ua << (ud & 31)));
+            CHECK(got[4 * i + 3] == (a >> (dv & 31)));
+            CHECK(ugot[4 * i] == (ud == 0 ? 0 : ua / ud));
+            CHECK(ugot[4 * i + 1] == (ud == 0 ? 0 : ua % ud));
+            CAPTURE(floats[i]);
+            CHECK(ugot[4 * i + 2] == uint32_t(f2i(floats[i])));
+            CHECK(ugot[4 * i + 3] == f2u(floats[i]));
+        }
+    }
+}
+
+TEST_CASE("a*b+c rounds twice and fma() once on every device") {
+    const lang::Kernel k = lang::kernel("contraction", [](lang::Builder &b) {
+        auto x = b.input<float>();
+        auto out = b.output<float>();
+        auto i = b.globalId().x;
+        b.If(i == 0u, [&] {
+            Value<float> p = x[0u], q = x[1u], r = x[2u];
+            out[0u] = p * q - r;
+            out[1u] = fma(p, q, -r);
+        });
+    });
+    // (1 + 2^-23)^2 = 1 + 2^-22 + 2^-46: the product rounds to 1 + 2^-22, so a*b - c is 0 with
+    // two roundings and 2^-46 fused.
+    const float one = 1.0f + std::ldexp(1.0f, -23);
+    const std::vector<float> in = {one, one, 1.0f + std::ldexp(1.0f, -22)};
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<float>(in), bo = c.empty(8);
+        Dispatch d = oneD(1, 1);
+        d.bindings = {bx, bo};
+        c.execute(k, d);
+        const std::vector<float> got = c.readAs<float>(bo);
+        CHECK(got[0] == 0.0f);
+        // Vulkan's fma() only promises the precision of a multiply and an add (the spec's
+        // precision table); llvmpipe rounds twice. Every other target fuses.
+        if (c.device().backend == "vulkan") CHECK((got[1] == 0.0f || got[1] == std::ldexp(1.0f, -46)));
+        else CHECK(got[1] == std::ldexp(1.0f, -46));
+    }
+}
+
+TEST_CASE("checked kernels read 0 and write nothing out of bounds, on views too") {
+    const lang::Kernel k = lang::kernel("checked_copy", [](lang::Builder &b) {
+        auto x = b.input<uint32_t>();
+        auto y = b.inout<uint32_t>();
+        auto n = b.scalar<uint32_t>();
+        auto shared = b.shared<uint32_t>(4);
+        auto priv = b.array<uint32_t>(2);
+        auto i = b.globalId().x;
+        b.If(i < n, [&] {
+            priv[i] = 5u;                     // in range only for i < 2
+            shared[i] = 7u;                   // in range only for i < 4
+            y[i] = x[i] + 1u + priv[i] * 0u;  // x has n / 2 elements: the rest read 0
+            atomicAdd(y[i + n], 1u);          // always past the end of y's view
+        });
+    }, {.checked = true});
+    const uint32_t n = 64;
+    std::vector<uint32_t> x(n / 2);
+    for (uint32_t i = 0; i < n / 2; ++i) x[i] = 100 + i;
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<uint32_t>(x);
+        Buffer whole = c.createFrom<uint32_t>(std::vector<uint32_t>(2 * n, 0xdeadbeef));
+        Buffer y = whole.view(0, n * 4); // the second half must stay untouched
+        Dispatch d = oneD(n, 32);
+        d.bindings = {bx, y};
+        d.scalar(n);
+        c.execute(k, d);
+        const std::vector<uint32_t> got = c.readAs<uint32_t>(whole);
+        for (uint32_t i = 0; i < n; ++i) CHECK(got[i] == (i < n / 2 ? 101 + i : 1u));
+        for (uint32_t i = n; i < 2 * n; ++i) CHECK(got[i] == 0xdeadbeef);
+    }
+}
+
+TEST_CASE("subgroup operations use the width the device reports") {
+    const lang::Kernel k = lang::kernel("subgroups", [](lang::Builder &b) {
+        auto out = b.output<uint32_t>();
+        auto i = b.globalId().x;
+        auto lane = b.subgroupLane();
+        auto width = b.subgroupSize();
+        auto sum = subgroupSum(Value<uint32_t>(1u));
+        auto x = shuffleXor(lane, Value<uint32_t>(1u));
+        auto top = subgroupMax(lane);
+        out[4u * i] = width;
+        out[4u * i + 1u] = sum;
+        out[4u * i + 2u] = x;
+        out[4u * i + 3u] = top;
+    });
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        const uint32_t width = c.device().subgroupSize, threads = 128;
+        if (width == 0 || threads % width != 0) continue;
+        Buffer out = c.empty(threads * 16);
+        Dispatch d = oneD(threads, threads);
+        d.bindings = {out};
+        c.execute(k, d);
+        const std::vector<uint32_t> got = c.readAs<uint32_t>(out);
+        for (uint32_t i = 0; i < threads; ++i) {
+            CHECK(got[4 * i] == width);
+            CHECK(got[4 * i + 1] == width);
+            CHECK(got[4 * i + 3] == width - 1);
+            if (width > 1) CHECK((got[4 * i + 2] ^ 1u) < width);
+        }
+    }
+}
+
+TEST_CASE("atomics from every thread of every workgroup all land") {
+    const lang::Kernel k = lang::kernel("atomics", [](lang::Builder &b) {
+        auto counters = b.inout<uint32_t>();
+        auto signedMin = b.inout<int32_t>();
+        auto n = b.scalar<uint32_t>();
+        auto i = b.globalId().x;
+        b.If(i < n, [&] {
+            atomicAdd(counters[0u], 1u);
+            atomicMax(counters[1u], i);
+            atomicMin(signedMin[0u], Value<int32_t>(0) - lang::cast<int32_t>(i));
+            atomicOr(counters[2u], Value<uint32_t>(1u) << (i % 32u));
+        });
+    });
+    const uint32_t n = 5000;
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer counters = c.createFrom<uint32_t>(std::vector<uint32_t>{0u, 0u, 0u});
+        Buffer smin = c.createFrom<int32_t>(std::vector<int32_t>{0});
+        Dispatch d = oneD(n, 64);
+        d.bindings = {counters, smin};
+        d.scalar(n);
+        c.execute(k, d);
+        const std::vector<uint32_t> got = c.readAs<uint32_t>(counters);
+        CHECK(got[0] == n);
+        CHECK(got[1] == n - 1);
+        CHECK(got[2] == 0xffffffffu);
+        CHECK(c.readAs<int32_t>(smin)[0] == -int32_t(n - 1));
+    }
+}
+
+TEST_CASE("control flow: nested loops with break, continue and return agree with the CPU") {
+    const lang::Kernel k = lang::kernel("control", [](lang::Builder &b) {
+        auto out = b.output<uint32_t>();
+        auto n = b.scalar<uint32_t>();
+        auto i = b.globalId().x;
+        b.If(i >= n, [&] { b.Return(); });
+        auto total = b.var<uint32_t>(0u);
+        b.For(0u, i % 7u + 1u, [&](Value<uint32_t> j) {
+            b.If(j == 3u, [&] { b.Continue(); });
+            auto w = b.var<uint32_t>(j);
+            b.While([&] { return w < 10u; }, [&] {
+                b.If((w + i) % 5u == 0u, [&] { b.Break(); });
+                total += w;
+                w += 2u;
+            });
+            b.If(total > 40u, [&] { b.Break(); }).Else([&] { total += 1u; });
+        });
+        out[i] = total;
+    });
+    const uint32_t n = 1000;
+    std::vector<uint32_t> want(n);
+    for (uint32_t i = 0; i < n; ++i) {
+        uint32_t total = 0;
+        for (uint32_t j = 0; j < i % 7 + 1; ++j) {
+            if (j == 3) continue;
+            for (uint32_t w = j; w < 10; w += 2) {
+                if ((w + i) % 5 == 0) break;
+                total += w;
+            }
+            if (total > 40) break;
+            total += 1;
+        }
+        want[i] = total;
+    }
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer out = c.empty(n * 4);
+        Dispatch d = oneD(n + 30, 64); // extra threads return early
+        d.bindings = {out};
+        d.scalar(n);
+        c.execute(k, d);
+        CHECK(c.readAs<uint32_t>(out) == want);
+    }
+}

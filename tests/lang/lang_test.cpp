@@ -1,0 +1,211 @@
+// The kernel language without a device: the recorder's rules, the generated text of every
+// generator against golden files, and Kernel::prepare's checks. Public API only.
+#include <backplane/error.hpp>
+#include <backplane/kernels.hpp>
+#include <backplane/lang.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+using namespace backplane;
+using lang::Value;
+
+// What must not compile: a device bool in a C++ `if`, reassigning an immutable Value.
+static_assert(!std::is_convertible_v<Value<bool>, bool>);
+static_assert(!std::is_constructible_v<bool, Value<bool>>);
+static_assert(!std::is_copy_assignable_v<Value<float>>);
+static_assert(!std::is_convertible_v<Value<uint32_t>, Value<float>>);
+
+namespace {
+
+std::string readFile(const std::string &path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+/// Compares `text` with golden file `name`; with BACKPLANE_UPDATE_GOLDEN=1 rewrites it instead.
+void checkGolden(const std::string &text, const std::string &name) {
+    const std::string path = std::string(GOLDEN_DIR) + "/" + name;
+    if (const char *update = std::getenv("BACKPLANE_UPDATE_GOLDEN"); update && *update == '1') {
+        std::ofstream(path) << text;
+        return;
+    }
+    const std::string want = readFile(path);
+    INFO("golden file " << path << " (BACKPLANE_UPDATE_GOLDEN=1 rewrites it)");
+    CHECK(text == want);
+}
+
+std::string errorOf(const std::function<void()> &record) {
+    try {
+        record();
+    } catch (const Error &e) {
+        CHECK((e.code() == ErrorCode::InvalidArgument));
+        return e.what();
+    }
+    return "";
+}
+
+} // namespace
+
+TEST_CASE("every generator prints saxpy and the tiled matmul as the golden files say") {
+    const lang::Kernel saxpy = kernels::saxpy();
+    checkGolden(saxpy.text(Dialect::Cuda), "saxpy.cu");
+    checkGolden(saxpy.text(Dialect::Hip), "saxpy.hip");
+    checkGolden(saxpy.text(Dialect::Glsl), "saxpy.comp");
+    checkGolden(saxpy.text(Dialect::Host), "saxpy.ir");
+    const lang::Kernel reduce = kernels::reduceSum<float>(64);
+    checkGolden(reduce.text(Dialect::Cuda), "reduce_sum_f32_64.cu");
+    checkGolden(reduce.text(Dialect::Glsl), "reduce_sum_f32_64.comp");
+    const lang::Kernel matmul = kernels::matmul({32, 2, 8});
+    checkGolden(matmul.text(Dialect::Cuda), "matmul_t32_w2_k8.cu");
+    checkGolden(matmul.text(Dialect::Glsl), "matmul_t32_w2_k8.comp");
+}
+
+TEST_CASE("a kernel carries its variants in preference order and plain C++ values as literals") {
+    const lang::Kernel a = kernels::matmul({16, 1, 16}), b = kernels::matmul({32, 2, 16});
+    REQUIRE(a.source().variants.size() == 4);
+    CHECK((a.source().variants[0].dialect == Dialect::Cuda));
+    CHECK((a.source().variants[1].dialect == Dialect::Hip));
+    CHECK((a.source().variants[2].dialect == Dialect::Glsl));
+    CHECK((a.source().variants[3].dialect == Dialect::Host));
+    CHECK(a.source().variants[3].hostData != nullptr);
+    // Tile sizes are constants: different sizes are different sources, i.e. cache keys.
+    CHECK(a.source().variants[0].source != b.source().variants[0].source);
+    CHECK(a.text(Dialect::Cuda).find("a0[256]") != std::string::npos); // 16 x 16 shared tile
+    CHECK(a.bindingCount() == 3);
+    CHECK(a.scalarBytes() == 12);
+    // Recording twice gives the same text.
+    CHECK(kernels::matmul({16, 1, 16}).text(Dialect::Glsl) == a.text(Dialect::Glsl));
+}
+
+TEST_CASE("a barrier under thread-dependent control flow is refused while recording") {
+    CHECK(errorOf([] {
+              lang::kernel("divergent_if", [](lang::Builder &k) {
+                  k.If(k.localId().x < 4u, [&] { k.barrier(); });
+              });
+          }).find("thread-dependent control flow") != std::string::npos);
+    // After a thread-dependent return, the rest of the kernel is divergent.
+    CHECK(errorOf([] {
+              lang::kernel("divergent_return", [](lang::Builder &k) {
+                  k.If(k.globalId().x >= 100u, [&] { k.Return(); });
+                  k.barrier();
+              });
+          }) != "");
+    // A loop some threads leave early, barrier before or after the break.
+    CHECK(errorOf([] {
+              lang::kernel("divergent_break", [](lang::Builder &k) {
+                  auto n = k.scalar<uint32_t>();
+                  k.For(0u, n, [&](Value<uint32_t> i) {
+                      k.barrier();
+                      k.If(i == k.localId().x, [&] { k.Break(); });
+                  });
+              });
+          }) != "");
+    // A variable that decides a loop holding a barrier and is later assigned a thread id.
+    CHECK(errorOf([] {
+              lang::kernel("divergent_var", [](lang::Builder &k) {
+                  auto n = k.scalar<uint32_t>();
+                  auto i = k.var<uint32_t>(0u);
+                  k.While([&] { return i < n; }, [&] {
+                      k.barrier();
+                      i = i + k.localId().x;
+                  });
+              });
+          }).find("variable v0") != std::string::npos);
+    // A thread-dependent value loaded from memory decides nothing uniform either.
+    CHECK(errorOf([] {
+              lang::kernel("divergent_load", [](lang::Builder &k) {
+                  auto x = k.input<uint32_t>();
+                  k.If(x[0u] == 1u, [&] { k.barrier(); });
+              });
+          }) != "");
+    // Uniform conditions are fine: scalars, group ids, constants, loop indices over them.
+    CHECK_NOTHROW(lang::kernel("uniform", [](lang::Builder &k) {
+        auto n = k.scalar<uint32_t>();
+        k.If(k.groupId().x < n, [&] { k.barrier(); });
+        k.For(0u, n, 2u, [&](Value<uint32_t>) { k.barrier(); });
+        auto i = k.var<uint32_t>(0u);
+        k.While([&] { return i < n; }, [&] {
+            k.barrier();
+            i = i + 1u;
+        });
+    }));
+}
+
+TEST_CASE("values cannot leave the block that computed them, nor cross kernels") {
+    CHECK(errorOf([] {
+              lang::kernel("escape", [](lang::Builder &k) {
+                  auto y = k.output<float>();
+                  std::optional<Value<float>> inside;
+                  k.If(k.globalId().x < 4u, [&] { inside.emplace(Value<float>(2.0f) * 3.0f); });
+                  y[0u] = *inside;
+              });
+          }).find("declare a k.var") != std::string::npos);
+    std::optional<Value<uint32_t>> stolen;
+    lang::kernel("first", [&](lang::Builder &k) { stolen.emplace(k.globalId().x); });
+    CHECK(errorOf([&] {
+              lang::kernel("second", [&](lang::Builder &k) {
+                  auto y = k.output<uint32_t>();
+                  y[0u] = *stolen;
+              });
+          }).find("another kernel") != std::string::npos);
+    // Outside any kernel.
+    CHECK_THROWS_AS(Value<float>(1.0f), Error);
+}
+
+TEST_CASE("memory access rules: read-only inputs, write-only outputs, typed stores") {
+    CHECK(errorOf([] {
+              lang::kernel("store_input", [](lang::Builder &k) {
+                  auto x = k.input<float>();
+                  x[0u] = 1.0f;
+              });
+          }).find("read-only") != std::string::npos);
+    CHECK(errorOf([] {
+              lang::kernel("load_output", [](lang::Builder &k) {
+                  auto y = k.output<float>();
+                  auto z = k.output<float>();
+                  z[0u] = y[0u];
+              });
+          }).find("write-only") != std::string::npos);
+    CHECK(errorOf([] {
+              lang::kernel("atomic_input", [](lang::Builder &k) {
+                  auto x = k.input<uint32_t>();
+                  atomicAdd(x[0u], 1u);
+              });
+          }) != "");
+    CHECK(errorOf([] {
+              lang::kernel("break_outside", [](lang::Builder &k) { k.Break(); });
+          }).find("outside a k.For") != std::string::npos);
+}
+
+TEST_CASE("prepare checks the dispatch against the signature and appends lengths") {
+    const lang::Kernel k = lang::kernel("lengths", [](lang::Builder &b) {
+        auto x = b.input<float>();
+        auto y = b.output<float>();
+        auto a = b.scalar<float>();
+        auto i = b.globalId().x;
+        b.If(i < x.length(), [&] { y[i] = x[i] * a; });
+    });
+    Dispatch d;
+    d.scalar(2.0f);
+    std::string message;
+    try {
+        k.prepare(d);
+    } catch (const Error &e) {
+        message = e.what();
+    }
+    CHECK(message.find("kernel 'lengths'") != std::string::npos);
+    CHECK(message.find("0 bindings, the kernel declares 2") != std::string::npos);
+    CHECK(k.text(Dialect::Cuda).find("unsigned len0;") != std::string::npos);
+    CHECK(k.text(Dialect::Glsl).find("uint len0;") != std::string::npos);
+    CHECK(k.text(Dialect::Cuda).find("len1") == std::string::npos); // y's length is not read
+}
