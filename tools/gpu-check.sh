@@ -22,7 +22,8 @@ if [ "${1:-}" = build ]; then
 fi
 mode=${1:-}
 [ "$mode" = run ] || [ "$mode" = conformance ] || [ "$mode" = tests ] || [ "$mode" = multidevice ] ||
-    { echo "usage: tools/gpu-check.sh build|run|conformance|tests|multidevice" >&2; exit 2; }
+    [ "$mode" = kernels ] ||
+    { echo "usage: tools/gpu-check.sh build|run|conformance|tests|multidevice|kernels" >&2; exit 2; }
 
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -41,6 +42,24 @@ sanitizer=/usr/local/cuda/bin/compute-sanitizer
 sanitizer_args=(--tool memcheck --report-api-errors no --error-exitcode 9)
 
 nvidia-smi -L
+# `kernels`: the portable kernels on CUDA and Vulkan (suite kernels: differential, NVRTC), the
+# conformance kernel and runtime cases (portable saxpy), the demo per backend, bench kernels.
+if [ "$mode" = kernels ]; then
+    python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
+        --suite kernels | tee "$OUT/summary.txt"
+    grep -E -B3 -A20 "ERROR|FATAL|CRASHED" "$OUT/tests.log" | head -150 >> "$OUT/summary.txt"
+    $tool conformance --plugin cuda --plugin vulkan --case kernel --case runtime \
+        > "$OUT/conformance.txt" 2>&1
+    echo "conformance kernel+runtime: rc=$? $(grep -E '^[a-z]+: passes' "$OUT/conformance.txt" | tr '\n' ' ')" |
+        tee -a "$OUT/summary.txt"
+    for backend in cuda vulkan; do
+        timeout 300 $tool demo --device $backend > "$OUT/demo-$backend.txt" 2>&1
+        echo "demo $backend: rc=$? $(grep -E '^(PASS|FAIL)' "$OUT/demo-$backend.txt")" | tee -a "$OUT/summary.txt"
+    done
+    timeout 500 $tool bench kernels > "$OUT/bench-kernels.txt" 2>&1
+    echo "bench kernels: rc=$?" | tee -a "$OUT/summary.txt"
+    exit 0
+fi
 # `multidevice` (2 x H200 or more): the multidevice suite, NCCL in one process and in one process
 # per GPU (TCP and shared-directory rendezvous), the staged path, the multidevice bench rows.
 if [ "$mode" = multidevice ]; then

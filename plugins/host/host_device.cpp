@@ -52,6 +52,9 @@ bp_host_kernel_source readHostSource(const void *data, size_t size, const std::s
                 " bytes, got " + std::to_string(data == nullptr ? 0 : size) + " bytes");
     size_t declared = 0;
     std::memcpy(&declared, data, sizeof(declared));
+    if (declared > size)
+        invalid(what + ": bp_host_kernel_source::struct_size says " + std::to_string(declared) +
+                " bytes but only " + std::to_string(size) + " were given (a truncated source)");
     const size_t n = std::min({size, declared, sizeof(source)});
     if (n < kMinimum)
         invalid(what + ": bp_host_kernel_source::struct_size " + std::to_string(declared) +

@@ -117,6 +117,10 @@ std::string generateSource(const Module &module, Dialect dialect);
 /// A readable listing of the IR (what `backplane kernels dump --dialect host` prints).
 std::string listModule(const Module &module);
 
+/// `message` (a compile error of the generated `dialect` source) with the generated line it
+/// names, and where to see the whole source.
+std::string annotateCompileError(const Module &module, Dialect dialect, const std::string &message);
+
 /// The host interpreter (interpreter.cpp): the function of every portable host variant; its
 /// user data is the Module.
 void interpretWorkgroup(const bp_host_kernel_context *context);

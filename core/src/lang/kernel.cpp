@@ -4,6 +4,8 @@
 #include <backplane/client.hpp>
 #include <backplane/error.hpp>
 
+#include <regex>
+
 namespace backplane::lang {
 namespace detail {
 std::shared_ptr<Module> record(std::string name, const std::function<void(Builder &)> &body,
@@ -92,10 +94,53 @@ Dispatch Kernel::prepare(const Dispatch &dispatch) const {
 
 } // namespace backplane::lang
 
+namespace backplane::lang::detail {
+
+std::string annotateCompileError(const Module &module, Dialect dialect, const std::string &message) {
+    if (dialect == Dialect::Host || dialect == Dialect::Spirv) return message;
+    const std::string source = generateSource(module, dialect);
+    std::vector<std::string> lines(1);
+    for (char c : source) {
+        if (c == '\n') lines.emplace_back();
+        else lines.back() += c;
+    }
+    // NVRTC and hiprtc say "name(12): error" or "name:12:5: error"; glslang "ERROR: 0:12: ...".
+    static const std::regex kLine(R"(\((\d+)\)|:(\d+):)");
+    for (auto it = std::sregex_iterator(message.begin(), message.end(), kLine);
+         it != std::sregex_iterator(); ++it) {
+        const std::string digits = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+        if (digits.size() > 7) continue;
+        const size_t line = std::stoul(digits);
+        if (line == 0 || line > lines.size()) continue;
+        return message + "\n  generated " + toString(dialect) + " line " + std::to_string(line) +
+               " of kernel '" + module.name + "': " + lines[line - 1] +
+               "\n  (the whole source: `backplane kernels dump " + module.name +
+               "` or lang::Kernel::text)";
+    }
+    return message + "\n  (the generated source: `backplane kernels dump " + module.name +
+           "` or lang::Kernel::text)";
+}
+
+} // namespace backplane::lang::detail
+
 namespace backplane {
 
 void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch) {
-    execute(kernel.source(), kernel.prepare(dispatch));
+    const Dispatch prepared = kernel.prepare(dispatch);
+    try {
+        execute(kernel.source(), prepared);
+    } catch (const Error &e) {
+        if (e.code() != ErrorCode::Compile) throw;
+        // The variant this device was given: the first one whose dialect it accepts.
+        Dialect dialect = Dialect::Host;
+        for (const KernelVariant &v : kernel.source().variants)
+            if (device().accepts(v.dialect)) {
+                dialect = v.dialect;
+                break;
+            }
+        throw Error(e.code(), lang::detail::annotateCompileError(kernel.module(), dialect, e.what()),
+                    e.backend(), e.vendorCode());
+    }
 }
 
 } // namespace backplane

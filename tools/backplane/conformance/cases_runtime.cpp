@@ -2,6 +2,8 @@
 // ComputeClient) the way applications use it, alone on the search path and probed in process.
 #include "handles.hpp"
 
+#include <backplane/kernels.hpp>
+
 #include <backplane/client.hpp>
 #include <backplane/error.hpp>
 #include <backplane/kernel.hpp>
@@ -51,19 +53,14 @@ struct OpenRuntime {
     ComputeClient client;
 };
 
-/// saxpy with a variant in every dialect the suite has one for (host, cuda, hip, glsl).
+/// The portable saxpy (CUDA, HIP, GLSL, the host interpreter), then the suite's native host
+/// function for host-dialect plugins older than ABI 1.2 (the core skips the interpreter there).
 KernelSource saxpyKernel(const CaseContext &ctx) {
-    KernelSource kernel{"saxpy", {}};
+    static const lang::Kernel portable = kernels::saxpy();
+    KernelSource kernel = portable.source();
     const auto *host =
         static_cast<const bp_host_kernel_source *>(saxpySource(BP_DIALECT_HOST).source);
     kernel.variants.push_back(KernelVariant::host(host->function, "saxpy"));
-    for (const auto &[bp, dialect] :
-         {std::pair{BP_DIALECT_CUDA, Dialect::Cuda}, std::pair{BP_DIALECT_HIP, Dialect::Hip},
-          std::pair{BP_DIALECT_GLSL, Dialect::Glsl}}) {
-        const KernelText text = saxpySource(bp);
-        kernel.variants.push_back(KernelVariant::text(
-            dialect, text.entry, std::string(static_cast<const char *>(text.source), text.size)));
-    }
     bool any = false;
     for (const KernelVariant &v : kernel.variants)
         any = any || ctx.accepts(static_cast<bp_dialect>(v.dialect));

@@ -1,7 +1,11 @@
 // The suite's kernels: saxpy in every dialect the in-tree plugins accept, each following its
 // plugin family's launch convention (docs/plugin-abi.md, "Kernels"): bindings in order, then the
 // scalar bytes (a CUDA/HIP struct parameter, GLSL push constants, the host context's scalars).
+// CUDA, HIP and GLSL are the portable kernel's generated sources; the host dialect keeps a native
+// function on purpose: it is what the raw host dialect is (a function pointer, no interpreter).
 #include "handles.hpp"
+
+#include <backplane/kernels.hpp>
 
 #include <cstring>
 
@@ -21,33 +25,27 @@ void saxpyHost(const bp_host_kernel_context *c) {
 
 const bp_host_kernel_source kSaxpyHost = {sizeof(bp_host_kernel_source), &saxpyHost};
 
-constexpr const char kSaxpyGlsl[] = R"(#version 450
-layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
-layout(set = 0, binding = 0) readonly buffer X { float x[]; };
-layout(set = 0, binding = 1) buffer Y { float y[]; };
-layout(push_constant) uniform Scalars { float a; uint n; } s;
-void main() {
-    uint i = gl_GlobalInvocationID.x;
-    if (i < s.n) y[i] = s.a * x[i] + y[i];
+/// The portable saxpy (backplane/kernels.hpp): its generated CUDA, HIP and GLSL take the same
+/// launch as the native host function above (x, y, then {float a; uint n}).
+const lang::Kernel &portableSaxpy() {
+    static const lang::Kernel kernel = kernels::saxpy();
+    return kernel;
 }
-)";
 
-constexpr const char kSaxpyCuda[] = R"(
-struct SaxpyScalars { float a; unsigned int n; };
-extern "C" __global__ void saxpy(const float *x, float *y, SaxpyScalars s) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < s.n) y[i] = s.a * x[i] + y[i];
+KernelText portableText(Dialect dialect) {
+    for (const KernelVariant &v : portableSaxpy().source().variants)
+        if (v.dialect == dialect) return {v.source.data(), v.source.size(), v.entryPoint.c_str()};
+    throw NotApplicable(std::string("the portable saxpy has no ") + toString(dialect) + " variant");
 }
-)";
 
 } // namespace
 
 KernelText saxpySource(bp_dialect dialect) {
     switch (dialect) {
     case BP_DIALECT_HOST: return {&kSaxpyHost, sizeof(kSaxpyHost), "saxpy"};
-    case BP_DIALECT_GLSL: return {kSaxpyGlsl, sizeof(kSaxpyGlsl) - 1, "main"};
-    case BP_DIALECT_CUDA:
-    case BP_DIALECT_HIP: return {kSaxpyCuda, sizeof(kSaxpyCuda) - 1, "saxpy"};
+    case BP_DIALECT_GLSL: return portableText(Dialect::Glsl);
+    case BP_DIALECT_CUDA: return portableText(Dialect::Cuda);
+    case BP_DIALECT_HIP: return portableText(Dialect::Hip);
     default: throw NotApplicable("the suite has no saxpy in dialect " + std::to_string(dialect));
     }
 }
