@@ -61,7 +61,8 @@ void run(const Kernel &k, Launch &launch, unsigned threads = 1) {
             c.buffer_sizes = sizes.data();
             c.buffer_count = static_cast<uint32_t>(pointers.size());
             c.scalars = launch.scalars.data();
-            c.scalar_size = launch.scalarBytes == SIZE_MAX ? launch.scalars.size() * 4 : launch.scalarBytes;
+            c.scalar_size =
+                launch.scalarBytes == SIZE_MAX ? launch.scalars.size() * 4 : launch.scalarBytes;
             c.user_data = &k.module();
             ir::interpretWorkgroup(&c);
         }
@@ -71,8 +72,10 @@ void run(const Kernel &k, Launch &launch, unsigned threads = 1) {
         return;
     }
     std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work);
-    for (auto &t : pool) t.join();
+    for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back(work);
+    for (auto &t : pool)
+        t.join();
 }
 
 uint32_t bitsOf(float f) { return std::bit_cast<uint32_t>(f); }
@@ -82,7 +85,8 @@ int32_t asInt(uint32_t b) { return static_cast<int32_t>(b); }
 
 template <class T> std::vector<uint32_t> words(std::initializer_list<T> values) {
     std::vector<uint32_t> w;
-    for (T v : values) w.push_back(bitsOf(v));
+    for (T v : values)
+        w.push_back(bitsOf(v));
     return w;
 }
 
@@ -94,14 +98,16 @@ TEST_CASE("if, else-if and else each run for their own lanes only") {
         auto entered = b.output<uint32_t>();
         auto i = b.globalId().x;
         auto branches = b.var(0u); // a bit per branch the lane ran
-        b.If(i % 3u == 0u, [&] {
-             out[i] = i * 2u;
-             branches = branches | 1u;
-         })
-            .ElseIf([&] { return i % 3u == 1u; }, [&] {
-                out[i] = i + 100u;
-                branches = branches | 2u;
-            })
+        b.If(i % 3u == 0u,
+             [&] {
+                 out[i] = i * 2u;
+                 branches = branches | 1u;
+             })
+            .ElseIf([&] { return i % 3u == 1u; },
+                    [&] {
+                        out[i] = i + 100u;
+                        branches = branches | 2u;
+                    })
             .Else([&] {
                 out[i] = 7u;
                 branches = branches | 4u;
@@ -164,15 +170,16 @@ TEST_CASE("break, continue and return in nested loops follow each lane's own pat
         // A While whose continue re-evaluates the condition, and a break out of it.
         auto n = b.var(lane);
         auto count = b.var(0u);
-        b.While([&] { return n != 1u; }, [&] {
-            count += 1u;
-            b.If(count > 50u, [&] { b.Break(); });
-            b.If(n % 2u == 0u, [&] {
-                n = n / 2u;
-                b.Continue();
-            });
-            n = n * 3u + 1u;
-        });
+        b.While([&] { return n != 1u; },
+                [&] {
+                    count += 1u;
+                    b.If(count > 50u, [&] { b.Break(); });
+                    b.If(n % 2u == 0u, [&] {
+                        n = n / 2u;
+                        b.Continue();
+                    });
+                    n = n * 3u + 1u;
+                });
         steps[lane] = count;
         auto acc = b.var(0u);
         b.For(0u, 10u, [&](Value<uint32_t> i) {
@@ -255,9 +262,18 @@ TEST_CASE("integer division and remainder by zero and INT_MIN / -1 give the pinn
         int32_t x, y, quotient, remainder;
     };
     const Case cases[] = {
-        {7, 2, 3, 1},        {-7, 2, -3, -1},         {7, -2, -3, 1},  {-7, -2, 3, -1},
-        {5, 0, 0, 0},        {-5, 0, 0, 0},           {0, 0, 0, 0},    {INT_MIN, -1, INT_MIN, 0},
-        {INT_MIN, 1, INT_MIN, 0}, {INT_MAX, -1, -INT_MAX, 0}, {INT_MIN, 2, INT_MIN / 2, 0}, {-1, 7, 0, -1},
+        {7, 2, 3, 1},
+        {-7, 2, -3, -1},
+        {7, -2, -3, 1},
+        {-7, -2, 3, -1},
+        {5, 0, 0, 0},
+        {-5, 0, 0, 0},
+        {0, 0, 0, 0},
+        {INT_MIN, -1, INT_MIN, 0},
+        {INT_MIN, 1, INT_MIN, 0},
+        {INT_MAX, -1, -INT_MAX, 0},
+        {INT_MIN, 2, INT_MIN / 2, 0},
+        {-1, 7, 0, -1},
     };
     const uint32_t count = std::size(cases);
     Launch launch;
@@ -280,6 +296,41 @@ TEST_CASE("integer division and remainder by zero and INT_MIN / -1 give the pinn
     }
 }
 
+TEST_CASE("division by a divisor all lanes share gives the exact quotient and remainder") {
+    // A uniform u32 divisor divides by multiplication; check it against the CPU's division.
+    const Kernel k = kernel("uniform_division", [](Builder &b) {
+        auto x = b.input<uint32_t>();
+        auto quotient = b.output<uint32_t>();
+        auto remainder = b.output<uint32_t>();
+        auto d = b.scalar<uint32_t>();
+        auto i = b.globalId().x;
+        quotient[i] = x[i] / d;
+        remainder[i] = x[i] % d;
+    });
+    std::vector<uint32_t> xs = {0u,          1u,          2u,          3u,         6u,
+                                7u,          640u,        641u,        642u,       0x7fffffffu,
+                                0x80000000u, 0x80000001u, 0xfffffffeu, 0xffffffffu};
+    uint32_t seed = 12345;
+    while (xs.size() < 256) {
+        seed = seed * 1664525u + 1013904223u;
+        xs.push_back(seed >> (seed % 29));
+    }
+    for (uint32_t d : {0u, 1u, 2u, 3u, 7u, 10u, 64u, 641u, 1000003u, 0x7fffffffu, 0x80000000u,
+                       0x80000001u, 0xfffffffeu, 0xffffffffu}) {
+        Launch launch;
+        launch.buffers = {xs, std::vector<uint32_t>(xs.size(), kUntouched),
+                          std::vector<uint32_t>(xs.size(), kUntouched)};
+        launch.scalars = {d};
+        launch.block[0] = static_cast<uint32_t>(xs.size());
+        run(k, launch);
+        for (size_t i = 0; i < xs.size(); ++i) {
+            INFO(xs[i] << " / " << d);
+            CHECK(launch.buffers[1][i] == (d == 0 ? 0 : xs[i] / d));
+            CHECK(launch.buffers[2][i] == (d == 0 ? 0 : xs[i] % d));
+        }
+    }
+}
+
 TEST_CASE("shift counts are taken modulo 32 and >> on i32 is arithmetic") {
     const Kernel k = kernel("shifts", [](Builder &b) {
         auto out = b.output<uint32_t>();
@@ -293,7 +344,8 @@ TEST_CASE("shift counts are taken modulo 32 and >> on i32 is arithmetic") {
     });
     for (uint32_t count : {1u, 33u, 31u, 63u}) {
         Launch launch;
-        launch.buffers = {std::vector<uint32_t>(2, kUntouched), std::vector<uint32_t>(2, kUntouched)};
+        launch.buffers = {std::vector<uint32_t>(2, kUntouched),
+                          std::vector<uint32_t>(2, kUntouched)};
         launch.scalars = {count, bitsOf(-8)};
         run(k, launch);
         INFO("count " << count);
@@ -384,13 +436,14 @@ TEST_CASE("float arithmetic rounds a*b+c twice, fma once, and min / max ignore a
     });
     Launch launch;
     const float eps = std::ldexp(1.0f, -23);
-    launch.buffers = {words<float>({1.0f + eps, 1.0f - eps, -1.0f, std::numeric_limits<float>::quiet_NaN()}),
-                      std::vector<uint32_t>(6, kUntouched)};
+    launch.buffers = {
+        words<float>({1.0f + eps, 1.0f - eps, -1.0f, std::numeric_limits<float>::quiet_NaN()}),
+        std::vector<uint32_t>(6, kUntouched)};
     run(k, launch);
     const auto &out = launch.buffers[1];
-    CHECK(asFloat(out[0]) == 0.0f);                  // (1 - 2^-46) rounds to 1 first
+    CHECK(asFloat(out[0]) == 0.0f);                   // (1 - 2^-46) rounds to 1 first
     CHECK(asFloat(out[1]) == -std::ldexp(1.0f, -46)); // fused: exact
-    CHECK(asFloat(out[2]) == 22.0f); // the NaN is ignored on either side
+    CHECK(asFloat(out[2]) == 22.0f);                  // the NaN is ignored on either side
     CHECK(asFloat(out[3]) == 33.0f);
     CHECK(asFloat(out[4]) == 4.0f);
     CHECK(std::isinf(asFloat(out[5])));
@@ -421,10 +474,10 @@ TEST_CASE("out-of-range accesses load 0 and drop stores and atomics, in every me
     Launch launch;
     launch.buffers = {
         {1, 2, 3, 4, kUntouched, kUntouched, kUntouched, kUntouched}, // in: 4 elements visible
-        std::vector<uint32_t>(24, kUntouched),                       // out
-        std::vector<uint32_t>(8, kUntouched),                        // small: 4 visible
-        {0, kUntouched},                                             // counter: 1 visible
-        std::vector<uint32_t>(8, kUntouched),                        // olds
+        std::vector<uint32_t>(24, kUntouched),                        // out
+        std::vector<uint32_t>(8, kUntouched),                         // small: 4 visible
+        {0, kUntouched},                                              // counter: 1 visible
+        std::vector<uint32_t>(8, kUntouched),                         // olds
     };
     launch.sizes = {16, 96, 16, 4, 32};
     launch.block[0] = 8;
@@ -434,7 +487,8 @@ TEST_CASE("out-of-range accesses load 0 and drop stores and atomics, in every me
         INFO("lane " << i);
         CHECK(out[i] == (i < 4 ? i + 1 : 0u));
         CHECK(launch.buffers[2][i] == (i < 4 ? i + 1 : kUntouched));
-        CHECK(launch.buffers[4][i] == 0u); // lane 0 saw 0 before adding; the others are out of range
+        CHECK(launch.buffers[4][i] ==
+              0u); // lane 0 saw 0 before adding; the others are out of range
         const uint32_t shared = 7 - i < 4 ? 7 - i + 10 : 0;
         CHECK(out[i + 8] == shared + (i < 2 ? 500u : 0u));
         CHECK(out[i + 16] == 0u);
@@ -482,9 +536,8 @@ TEST_CASE("ids and sizes are the workgroup's; subgroups on the host are one lane
         out[slot + 1u] = w.x | (w.y << 8u) | (w.z << 16u);
         out[slot + 2u] = b.groupSize().x | (b.groupSize().y << 8u) | (b.gridSize().y << 16u);
         Value<uint32_t> x = row + 1u;
-        out[slot + 3u] = b.subgroupSize() * 1000000u + b.subgroupLane() * 100000u +
-                         subgroupSum(x) + subgroupMax(x) + shuffleXor(x, 1u) + broadcast(x, 0u) -
-                         3u * x;
+        out[slot + 3u] = b.subgroupSize() * 1000000u + b.subgroupLane() * 100000u + subgroupSum(x) +
+                         subgroupMax(x) + shuffleXor(x, 1u) + broadcast(x, 0u) - 3u * x;
     });
     Launch launch;
     launch.grid[0] = 2;
@@ -529,7 +582,8 @@ TEST_CASE("atomics on a buffer add up across workgroups that run concurrently") 
     });
     const uint32_t groups = 128, lanes = 64, total = groups * lanes;
     Launch launch;
-    launch.buffers = {std::vector<uint32_t>(5, 0), {bitsOf(INT_MAX), bitsOf(INT_MIN)},
+    launch.buffers = {std::vector<uint32_t>(5, 0),
+                      {bitsOf(INT_MAX), bitsOf(INT_MIN)},
                       std::vector<uint32_t>(total, kUntouched)};
     launch.grid[0] = groups;
     launch.block[0] = lanes;
@@ -540,16 +594,19 @@ TEST_CASE("atomics on a buffer add up across workgroups that run concurrently") 
     CHECK(counters[2] == total - 1);
     CHECK(counters[3] == 0xffffffffu);
     uint32_t xorAll = 0;
-    for (uint32_t i = 0; i < total; ++i) xorAll ^= i;
+    for (uint32_t i = 0; i < total; ++i)
+        xorAll ^= i;
     CHECK(counters[4] == xorAll);
     CHECK(asInt(launch.buffers[1][0]) == -100);
     CHECK(asInt(launch.buffers[1][1]) == static_cast<int32_t>(total) - 101);
     // Each lane saw a distinct previous value; within a workgroup lanes apply in order.
     std::vector<uint32_t> olds = launch.buffers[2];
     for (uint32_t g = 0; g < groups; ++g)
-        for (uint32_t l = 1; l < lanes; ++l) CHECK(olds[g * lanes + l] > olds[g * lanes + l - 1]);
+        for (uint32_t l = 1; l < lanes; ++l)
+            CHECK(olds[g * lanes + l] > olds[g * lanes + l - 1]);
     std::sort(olds.begin(), olds.end());
-    for (uint32_t i = 0; i < total; ++i) REQUIRE(olds[i] == i);
+    for (uint32_t i = 0; i < total; ++i)
+        REQUIRE(olds[i] == i);
 }
 
 TEST_CASE("a shared-memory reduction with barriers sums each workgroup") {
@@ -574,26 +631,30 @@ TEST_CASE("a shared-memory reduction with barriers sums each workgroup") {
         tile[l] = in[i];
         b.barrier();
         auto s = b.var(128u);
-        b.While([&] { return s > 0u; }, [&] {
-            b.If(l < s, [&] { tile[l] = tile[l] + tile[l + s]; });
-            b.barrier();
-            s = s / 2u;
-        });
+        b.While([&] { return s > 0u; },
+                [&] {
+                    b.If(l < s, [&] { tile[l] = tile[l] + tile[l + s]; });
+                    b.barrier();
+                    s = s / 2u;
+                });
         atomicAdd(total[0u], in[i]);
         b.barrier();
         b.If(l == 0u, [&] { viaLoop[b.groupId().x] = tile[0u] * 2u - total[0u]; });
     });
     const uint32_t groups = 6;
     Launch launch;
-    launch.buffers = {std::vector<uint32_t>(groups * 256), std::vector<uint32_t>(groups, kUntouched),
+    launch.buffers = {std::vector<uint32_t>(groups * 256),
+                      std::vector<uint32_t>(groups, kUntouched),
                       std::vector<uint32_t>(groups, kUntouched)};
-    for (uint32_t i = 0; i < groups * 256; ++i) launch.buffers[0][i] = i * 7 + (i >> 3);
+    for (uint32_t i = 0; i < groups * 256; ++i)
+        launch.buffers[0][i] = i * 7 + (i >> 3);
     launch.grid[0] = groups;
     launch.block[0] = 256;
     run(k, launch, 2);
     for (uint32_t g = 0; g < groups; ++g) {
         uint32_t sum = 0;
-        for (uint32_t i = g * 256; i < (g + 1) * 256; ++i) sum += launch.buffers[0][i];
+        for (uint32_t i = g * 256; i < (g + 1) * 256; ++i)
+            sum += launch.buffers[0][i];
         INFO("workgroup " << g);
         CHECK(launch.buffers[1][g] == sum);
         CHECK(launch.buffers[2][g] == sum);
@@ -611,7 +672,8 @@ TEST_CASE("values computed before loops keep their registers through every itera
         auto acc = b.var(0u);
         b.For(0u, 4u, [&](Value<uint32_t> j) {
             std::vector<Value<uint32_t>> t{j * 2u}; // a chain of temporaries
-            for (uint32_t u = 0; u < 6; ++u) t.push_back((t.back() + u) * 3u);
+            for (uint32_t u = 0; u < 6; ++u)
+                t.push_back((t.back() + u) * 3u);
             acc = acc + kept + t.back();
         });
         b.For(0u, 3u, [&](Value<uint32_t> j) {
@@ -619,7 +681,8 @@ TEST_CASE("values computed before loops keep their registers through every itera
             // registers if they were freed here instead of at the end of the loop.
             acc = acc * 7u + keptToo + kept;
             std::vector<Value<uint32_t>> t{j + 9u};
-            for (uint32_t u = 0; u < 6; ++u) t.push_back((t.back() ^ u) + 5u);
+            for (uint32_t u = 0; u < 6; ++u)
+                t.push_back((t.back() ^ u) + 5u);
             acc = acc + t.back();
         });
         out[i] = acc;
@@ -633,13 +696,15 @@ TEST_CASE("values computed before loops keep their registers through every itera
         uint32_t acc = 0;
         for (uint32_t j = 0; j < 4; ++j) {
             uint32_t t = j * 2;
-            for (uint32_t u = 0; u < 6; ++u) t = (t + u) * 3;
+            for (uint32_t u = 0; u < 6; ++u)
+                t = (t + u) * 3;
             acc = acc + kept + t;
         }
         for (uint32_t j = 0; j < 3; ++j) {
             acc = acc * 7 + keptToo + kept;
             uint32_t t = j + 9;
-            for (uint32_t u = 0; u < 6; ++u) t = (t ^ u) + 5;
+            for (uint32_t u = 0; u < 6; ++u)
+                t = (t ^ u) + 5;
             acc = acc + t;
         }
         INFO("lane " << i);
@@ -660,7 +725,8 @@ TEST_CASE("a tiled matmul with shared tiles and a private accumulator matches th
         auto tx = b.localId().x, ty = b.localId().y;
         auto row = b.groupId().y * kTile + ty;
         auto col0 = b.groupId().x * (kTile * kWork) + tx;
-        for (uint32_t w = 0; w < kWork; ++w) acc[w] = 0.0f;
+        for (uint32_t w = 0; w < kWork; ++w)
+            acc[w] = 0.0f;
         b.For(0u, n, kTile, [&](Value<uint32_t> t) {
             tileA[ty * kTile + tx] = a[row * n + t + tx];
             for (uint32_t w = 0; w < kWork; ++w)
@@ -673,7 +739,8 @@ TEST_CASE("a tiled matmul with shared tiles and a private accumulator matches th
             });
             b.barrier();
         });
-        for (uint32_t w = 0; w < kWork; ++w) c[row * n + col0 + w * kTile] = acc[w];
+        for (uint32_t w = 0; w < kWork; ++w)
+            c[row * n + col0 + w * kTile] = acc[w];
     });
     const uint32_t n = 32;
     Launch launch;
@@ -693,10 +760,71 @@ TEST_CASE("a tiled matmul with shared tiles and a private accumulator matches th
         for (uint32_t col = 0; col < n; ++col) {
             float want = 0.0f;
             for (uint32_t j = 0; j < n; ++j)
-                want += asFloat(launch.buffers[0][r * n + j]) * asFloat(launch.buffers[1][j * n + col]);
+                want +=
+                    asFloat(launch.buffers[0][r * n + j]) * asFloat(launch.buffers[1][j * n + col]);
             INFO("row " << r << " column " << col);
             CHECK(asFloat(launch.buffers[2][r * n + col]) == want); // small integers: exact
         }
+}
+
+TEST_CASE("accesses along the rows of a 3-D block give each lane its own element") {
+    // Indices that step by 1 or 0 along local x move whole rows at a time; rows partly out of
+    // range, other steps and non-linear indices must give the same results as lane by lane.
+    const Kernel k = kernel("rows", [](Builder &b) {
+        auto in = b.input<uint32_t>();
+        auto out = b.output<uint32_t>();
+        auto rows = b.output<uint32_t>();
+        auto shift = b.scalar<uint32_t>();
+        auto tile = b.shared<uint32_t>(12);
+        auto l = b.localId();
+        auto g = b.globalId();
+        auto lane = b.localIndex() + b.groupId().x * 24u;
+        out[lane * 7u] = in[g.y * 8u + g.x];                // step 1, the last rows out of range
+        out[lane * 7u + 1u] = in[l.y * 5u + 2u + l.z * 9u]; // step 0
+        out[lane * 7u + 2u] = in[l.x * 2u + l.y];           // step 2
+        out[lane * 7u + 3u] = in[l.z * 7u + 3u - l.x];      // step -1
+        out[lane * 7u + 4u] = in[l.x * l.x + l.y];          // not linear
+        tile[l.y * 4u + l.x] = g.x + 100u * l.z;            // z = 1 stores after z = 0
+        b.barrier();
+        out[lane * 7u + 5u] = tile[(l.y + 1u) % 3u * 4u + l.x] + tile[l.x * 4u] * 1000u;
+        out[lane * 7u + 6u] = tile[l.y * 4u + l.x + 2u]; // the last row partly out of range
+        rows[g.y * 8u + g.x + shift] = lane + 1u;        // rows partly out of range
+    });
+    Launch launch;
+    std::vector<uint32_t> in(20);
+    for (uint32_t i = 0; i < 20; ++i)
+        in[i] = 1000 + i * 3;
+    launch.buffers = {in, std::vector<uint32_t>(48 * 7, kUntouched),
+                      std::vector<uint32_t>(40, kUntouched)};
+    launch.scalars = {22u};
+    launch.grid[0] = 2;
+    launch.block[0] = 4;
+    launch.block[1] = 3;
+    launch.block[2] = 2;
+    run(k, launch);
+    auto read = [&](uint32_t i) { return i < 20 ? in[i] : 0u; };
+    std::vector<uint32_t> rows(40, kUntouched);
+    for (uint32_t wx = 0; wx < 2; ++wx)
+        for (uint32_t lz = 0; lz < 2; ++lz)
+            for (uint32_t ly = 0; ly < 3; ++ly)
+                for (uint32_t lx = 0; lx < 4; ++lx) {
+                    const uint32_t gx = wx * 4 + lx, gy = ly;
+                    const uint32_t lane = lx + 4 * (ly + 3 * lz) + wx * 24;
+                    const uint32_t *got = &launch.buffers[1][lane * 7];
+                    INFO("group " << wx << ", local " << lx << "," << ly << "," << lz);
+                    CHECK(got[0] == read(gy * 8 + gx));
+                    CHECK(got[1] == read(ly * 5 + 2 + lz * 9));
+                    CHECK(got[2] == read(lx * 2 + ly));
+                    CHECK(got[3] == read(lz * 7 + 3 - lx));
+                    CHECK(got[4] == read(lx * lx + ly));
+                    const uint32_t next = (ly + 1) % 3 * 4 + lx; // tile[y * 4 + x] = group x + 100
+                    const uint32_t first = lx < 3 ? wx * 4 + 100 : 0; // tile[lx * 4]: x = 0, y = lx
+                    CHECK(got[5] == wx * 4 + next % 4 + 100 + first * 1000);
+                    const uint32_t shifted = ly * 4 + lx + 2;
+                    CHECK(got[6] == (shifted < 12 ? wx * 4 + shifted % 4 + 100 : 0u));
+                    if (gy * 8 + gx + 22 < 40) rows[gy * 8 + gx + 22] = lane + 1; // lane order
+                }
+    CHECK(launch.buffers[2] == rows);
 }
 
 TEST_CASE("a uniform private index under a partial mask stores for the active lanes only") {
@@ -707,9 +835,8 @@ TEST_CASE("a uniform private index under a partial mask stores for the active la
         mine[0u] = 0u;
         mine[1u] = 0u;
         b.If(i < 3u, [&] { mine[1u] = i + 40u; });
-        b.For(0u, 2u, [&](Value<uint32_t> j) {
-            b.If(i % 2u == 0u, [&] { mine[j] = mine[j] + 1000u; });
-        });
+        b.For(0u, 2u,
+              [&](Value<uint32_t> j) { b.If(i % 2u == 0u, [&] { mine[j] = mine[j] + 1000u; }); });
         out[i] = mine[1u] + mine[0u];
     });
     Launch launch;
@@ -720,6 +847,120 @@ TEST_CASE("a uniform private index under a partial mask stores for the active la
         INFO("lane " << i);
         CHECK(launch.buffers[0][i] == (i < 3 ? i + 40 : 0u) + (i % 2 == 0 ? 2000u : 0u));
     }
+}
+
+TEST_CASE("values that differ between lanes are never taken for uniform ones") {
+    // The recorder marks the load of v uniform (v holds 0 when it is recorded); the assignment
+    // after it makes it per lane from the second iteration on. The second loop's trip count is
+    // per lane.
+    const Kernel k = kernel("per_lane", [](Builder &b) {
+        auto out = b.output<uint32_t>();
+        auto i = b.localId().x;
+        auto mine = b.array<uint32_t>(8);
+        for (uint32_t w = 0; w < 8; ++w)
+            mine[w] = w * 10u;
+        auto v = b.var(0u);
+        b.For(0u, 2u, [&](Value<uint32_t> j) {
+            Value<uint32_t> index = v;
+            out[i * 3u + j] = mine[index];
+            v = i % 8u;
+        });
+        auto acc = b.var(0u);
+        b.For(0u, i % 4u, [&](Value<uint32_t> j) { acc = acc + j + 1u; });
+        out[i * 3u + 2u] = acc;
+    });
+    Launch launch;
+    launch.buffers = {std::vector<uint32_t>(16 * 3, kUntouched)};
+    launch.block[0] = 16;
+    run(k, launch);
+    for (uint32_t i = 0; i < 16; ++i) {
+        INFO("lane " << i);
+        CHECK(launch.buffers[0][i * 3] == 0u);
+        CHECK(launch.buffers[0][i * 3 + 1] == i % 8 * 10);
+        const uint32_t n = i % 4;
+        CHECK(launch.buffers[0][i * 3 + 2] == n * (n + 1) / 2);
+    }
+}
+
+TEST_CASE("a loaded value keeps what it read when the memory is stored to afterwards") {
+    // Loads read in place while nothing stores to their memory; these ones must not.
+    const Kernel k = kernel("load_then_store", [](Builder &b) {
+        auto out = b.output<uint32_t>();
+        auto i = b.localId().x;
+        auto v = b.var(i + 1u);
+        auto mine = b.array<uint32_t>(2);
+        mine[1u] = i * 2u;
+        Value<uint32_t> before = v;
+        Value<uint32_t> elementBefore = mine[1u];
+        v = 100u;
+        mine[1u] = 200u;
+        out[i * 4u] = before + elementBefore * 1000u;
+        // Read before a loop that stores to the variable: the value is read in every iteration.
+        Value<uint32_t> outside = v;
+        auto acc = b.var(0u);
+        b.For(0u, 3u, [&](Value<uint32_t> j) {
+            acc = acc + outside;
+            v = v + j + 1u;
+        });
+        out[i * 4u + 1u] = acc;
+        out[i * 4u + 2u] = v;
+        // Identities share their operand's register; the cast still changes how it compares.
+        Value<int32_t> negative = cast<int32_t>(Value<uint32_t>(0xfffffff0u) + i * 0u);
+        out[i * 4u + 3u] = select(negative + 0 < 0, Value<uint32_t>(1u), Value<uint32_t>(0u)) +
+                           (i + 0u) * 1u * 10u;
+    });
+    Launch launch;
+    launch.buffers = {std::vector<uint32_t>(8 * 4, kUntouched)};
+    launch.block[0] = 8;
+    run(k, launch);
+    for (uint32_t i = 0; i < 8; ++i) {
+        INFO("lane " << i);
+        CHECK(launch.buffers[0][i * 4] == i + 1 + i * 2 * 1000);
+        CHECK(launch.buffers[0][i * 4 + 1] == 300u);
+        CHECK(launch.buffers[0][i * 4 + 2] == 106u);
+        CHECK(launch.buffers[0][i * 4 + 3] == 1 + i * 10);
+    }
+}
+
+TEST_CASE("kernels called in turn on one thread each run their own program") {
+    // A thread keeps the plan of the kernel it ran last, and what its leaf registers hold;
+    // switching kernels, scalars or block shapes must not reuse either.
+    const Kernel add = kernel("add_one", [](Builder &b) {
+        auto out = b.inout<uint32_t>();
+        auto i = b.localId().x + b.localId().y * 100u; // y is 0: ids of the current block shape
+        out[i] = out[i] + 1u;
+    });
+    const Kernel scale = kernel("scale", [](Builder &b) {
+        auto out = b.inout<uint32_t>();
+        auto factor = b.scalar<uint32_t>();
+        auto i = b.localIndex();
+        auto twice = b.var(out[i] * factor);
+        out[i] = twice + 0u;
+    });
+    // The same IR but for its constants: 3 and 3 share a register, 3 and 5 do not.
+    auto affine = [](uint32_t times, uint32_t plus) {
+        return kernel("affine", [=](Builder &b) {
+            auto out = b.inout<uint32_t>();
+            auto i = b.localIndex();
+            out[i] = out[i] * times + plus;
+        });
+    };
+    const Kernel threeThree = affine(3, 3), threeFive = affine(3, 5);
+    Launch launch;
+    launch.buffers = {std::vector<uint32_t>(8, 1u)};
+    launch.scalars = {3u};
+    launch.block[0] = 8;
+    std::vector<uint32_t> want(8, 1u);
+    for (int round = 0; round < 3; ++round) {
+        run(add, launch);
+        run(scale, launch);
+        run(threeThree, launch);
+        run(threeFive, launch);
+        for (uint32_t l = 0; l < launch.block[0]; ++l)
+            want[l] = ((want[l] + 1) * 3 * 3 + 3) * 3 + 5;
+        launch.block[0] = round == 0 ? 4 : 8; // and a different block shape
+    }
+    CHECK(launch.buffers[0] == want);
 }
 
 TEST_CASE("the interpreter does nothing without a module or with a 1.1-sized context") {

@@ -1,9 +1,10 @@
-// The demo's tuned matmul (tools/backplane/demo_matmul.cpp) on one real plugin: candidates vs the
-// CPU, the tuner's pick, the warm cache. BACKPLANE_MATMUL_PLUGIN names the plugin ("host",
-// "vulkan"); exits 77 (SKIP) with the reason only when the plugin has no driver or device here,
-// and fails on any other setup error. The test cases use the public API only; main() probes the
-// plugin through detail::PluginLibrary (internals) when the runtime's report cannot tell a
-// missing driver from another probe failure.
+// The demo's tuned matmul (tools/backplane/demo_matmul.cpp) on one real plugin: the portable
+// candidates (kernels::matmul per tile set) and the hand-written reference kernels vs the CPU,
+// which candidates a device's limits admit, the tuner's pick, the warm cache.
+// BACKPLANE_MATMUL_PLUGIN names the plugin ("host", "vulkan"); exits 77 (SKIP) with the reason
+// only when the plugin has no driver or device here, and fails on any other setup error. The test
+// cases use the public API only; main() probes the plugin through detail::PluginLibrary
+// (internals) when the runtime's report cannot tell a missing driver from another probe failure.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "demo_matmul.hpp"
 #include "tune_fixtures.hpp"
@@ -14,6 +15,7 @@
 #include <backplane/cache.hpp>
 #include <backplane/client.hpp>
 #include <backplane/error.hpp>
+#include <backplane/kernels.hpp>
 #include <backplane/runtime.hpp>
 #include <backplane/tune.hpp>
 
@@ -78,9 +80,78 @@ tune::Tuner makeTuner(CacheStore &store) {
 
 } // namespace
 
-TEST_CASE("every matmul candidate of the device matches the CPU, tile edges included") {
+TEST_CASE("every device gets the portable matmul at each tile set that fits, named by its tiles") {
+    std::vector<std::string> expected;
+    for (const kernels::MatmulTiles &tiles : portableMatmulTiles()) {
+        const MatmulCandidate c = portableMatmulCandidate(tiles);
+        CAPTURE(tiles.name());
+        CHECK(c.name == "t" + std::to_string(tiles.tile) + "-w" + std::to_string(tiles.perThread) +
+                            "-k" + std::to_string(tiles.depth));
+        REQUIRE(c.portable.has_value());
+        CHECK(c.portable->name() == tiles.name());
+        CHECK(c.block == std::array<uint32_t, 3>{tiles.threads(), tiles.threads(), 1});
+        CHECK(c.sharedMemoryBytes == tiles.sharedBytes());
+        if (fitsDevice(c, gClient->device())) expected.push_back(c.name);
+    }
     const std::vector<MatmulCandidate> candidates = matmulCandidates(gClient->device());
     REQUIRE(candidates.size() >= 2);
+    std::vector<std::string> names;
+    for (const MatmulCandidate &c : candidates) {
+        CAPTURE(c.name);
+        names.push_back(c.name);
+        // What run() launches is the portable kernel, not a hand-written variant.
+        REQUIRE(c.portable.has_value());
+        CHECK(c.kernel.name == c.portable->name());
+    }
+    CHECK(names == expected);
+    // The tuner chooses among exactly these.
+    CHECK(matmulTunable(gClient->device()).info().names == names);
+}
+
+TEST_CASE("a device's block and shared-memory limits leave out the tile sets that exceed them") {
+    DeviceInfo device;
+    device.backend = "fake";
+    device.dialects = 1u << static_cast<int>(Dialect::Glsl);
+    auto names = [&] {
+        std::vector<std::string> out;
+        for (const MatmulCandidate &c : matmulCandidates(device)) out.push_back(c.name);
+        return out;
+    };
+    // No limits: every tile set.
+    CHECK(names() == std::vector<std::string>{"t16-w1-k16", "t32-w1-k16", "t32-w2-k16",
+                                              "t64-w4-k16", "t64-w4-k8"});
+    // 256 threads per workgroup: t32-w1-k16 (32 x 32 threads) is out.
+    device.maxBlockThreads = 256;
+    CHECK(names() == std::vector<std::string>{"t16-w1-k16", "t32-w2-k16", "t64-w4-k16",
+                                              "t64-w4-k8"});
+    // 4 KiB of shared memory: t64-w4-k16 (2 x 64 x 16 floats = 8 KiB) is out too.
+    device.maxSharedMemoryBytes = 4096;
+    CHECK(names() == std::vector<std::string>{"t16-w1-k16", "t32-w2-k16", "t64-w4-k8"});
+    // 8 threads along x: nothing fits, and the tunable set says why.
+    device.maxBlockSize = {8, 1024, 64};
+    CHECK(names().empty());
+    try {
+        (void)matmulTunable(device);
+        FAIL("matmulTunable accepted a device that fits no tile set");
+    } catch (const Error &e) {
+        CHECK((e.code() == ErrorCode::Unsupported));
+        CHECK(std::string(e.what()).find("fits none") != std::string::npos);
+    }
+    // A device that accepts no dialect of the kernel gets nothing.
+    DeviceInfo spirvOnly;
+    spirvOnly.dialects = 1u << static_cast<int>(Dialect::Spirv);
+    CHECK(matmulCandidates(spirvOnly).empty());
+}
+
+TEST_CASE("every portable and hand-written matmul of the device matches the CPU, tile edges "
+          "included") {
+    std::vector<MatmulCandidate> candidates = matmulCandidates(gClient->device());
+    const size_t portable = candidates.size();
+    for (MatmulCandidate &c : handWrittenMatmulCandidates(gClient->device()))
+        candidates.push_back(std::move(c));
+    REQUIRE(portable >= 2);
+    // The hand-written references (the benchmarks' baseline) exist for every in-tree plugin.
+    REQUIRE(candidates.size() > portable);
     // 70 x 45 x 33: no candidate's tile divides it, so every bounds check is exercised.
     for (const auto &[m, n, k] : {std::array<uint32_t, 3>{70, 45, 33}, {64, 64, 64}}) {
         const HostProblem p(m, n, k);
@@ -88,6 +159,10 @@ TEST_CASE("every matmul candidate of the device matches the CPU, tile edges incl
             CAPTURE(candidate.name);
             CAPTURE(m);
             CHECK(p.compare(candidate.run(p.problem)) == "");
+            // launch() into a C of the caller's: the same product.
+            const Buffer c = gClient->empty(uint64_t(m) * n * sizeof(float));
+            candidate.launch(p.problem, c);
+            CHECK(p.compare(MatmulResult{&*gClient, c, m, n, k}) == "");
         }
     }
 }

@@ -9,7 +9,7 @@ namespace backplane::tool {
 /// One measured comparison. `ratio` is runtime/raw for times and raw/runtime for rates, so that
 /// for every row lower is better for times; `better` says which way the target points.
 struct BenchRow {
-    std::string suite;  ///< "engine", "vulkan", "cuda", "tune"
+    std::string suite;  ///< "engine", "vulkan", "cuda", "tune", "kernels"
     std::string device; ///< "host:0 (x86_64)", "cuda:0 NVIDIA H100 80GB HBM3"
     std::string what;   ///< "launch, back to back"
     double runtime = 0; ///< value through backplane
@@ -34,5 +34,6 @@ void benchCuda(const BenchOptions &options, BenchRows &rows);   ///< bench_cuda.
 void benchTune(const BenchOptions &options, BenchRows &rows);   ///< bench_tune.cpp
 void benchStartup(const BenchOptions &options, BenchRows &rows); ///< bench_startup.cpp
 void benchMultidevice(const BenchOptions &options, BenchRows &rows); ///< bench_multidevice.cpp
+void benchKernels(const BenchOptions &options, BenchRows &rows); ///< bench_kernels.cpp
 
 } // namespace backplane::tool

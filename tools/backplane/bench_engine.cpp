@@ -96,7 +96,7 @@ RawFigures measureRaw(RawPlugin plugin, const DeviceInfo &info, int iterations,
     }
     const KernelSource noop = noopKernel();
     const KernelVariant *v = variantFor(info, noop);
-    bp_host_kernel_source hostSource{sizeof(hostSource), v->hostFunction};
+    bp_host_kernel_source hostSource{sizeof(hostSource), v->hostFunction, nullptr};
     const bool host = v->dialect == Dialect::Host;
     const auto dialect = static_cast<bp_dialect>(v->dialect);
     const std::vector<unsigned char> compiled =

@@ -40,6 +40,9 @@ const std::vector<Suite> &suites() {
 #ifdef BACKPLANE_HAVE_BENCH_MULTIDEVICE
         {"multidevice", &benchMultidevice},
 #endif
+#ifdef BACKPLANE_HAVE_BENCH_KERNELS
+        {"kernels", &benchKernels},
+#endif
     };
     return all;
 }

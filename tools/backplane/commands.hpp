@@ -18,5 +18,6 @@ int runTune(const Args &args);    ///< backplane tune list|clear|export|import
 int runCache(const Args &args);   ///< backplane cache [info|clear]
 int runConformance(const Args &args); ///< backplane conformance [--plugin NAME|MANIFEST]...
 int runPlugin(const Args &args);  ///< backplane plugin new NAME [--meson|--cmake] [--dir DIR]
+int runKernels(const Args &args); ///< backplane kernels dump [--dialect D] [NAME...]
 
 } // namespace backplane::tool

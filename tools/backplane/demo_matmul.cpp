@@ -1,4 +1,5 @@
-// The demo's matmul candidates (native HOST functions, GLSL and CUDA/HIP sources) and tunable set.
+// The demo's matmul candidates (the portable kernel per tile set; the hand-written native HOST
+// functions, GLSL and CUDA/HIP sources as the benchmarks' reference) and its tunable set.
 #include "demo_matmul.hpp"
 
 #include <backplane/error.hpp>
@@ -217,23 +218,50 @@ MatmulCandidate naiveGpuCandidate() {
     return c;
 }
 
-/// tile x tile outputs per workgroup, perThread x perThread per thread.
-MatmulCandidate tiledGpuCandidate(std::string name, uint32_t tile, uint32_t perThread) {
+} // namespace
+
+MatmulCandidate handWrittenTiledCandidate(uint32_t tile, uint32_t perThread) {
     MatmulCandidate c;
+    const std::string name = "tiled" + std::to_string(tile) +
+                             (perThread == 1 ? std::string()
+                                             : "-" + std::to_string(perThread) + "x" +
+                                                   std::to_string(perThread));
     const std::vector<std::string> options = {"-DTILE=" + std::to_string(tile),
                                               "-DWPT=" + std::to_string(perThread)};
     c.kernel = {"matmul-" + name,
                 {KernelVariant::text(Dialect::Cuda, "matmul_tiled", kMatmulCuda, options),
                  KernelVariant::text(Dialect::Hip, "matmul_tiled", kMatmulCuda, options),
                  KernelVariant::text(Dialect::Glsl, "main", kMatmulTiledGlsl, options)}};
-    c.name = std::move(name);
+    c.name = name;
     c.block = {tile / perThread, tile / perThread, 1};
     c.tileRows = c.tileCols = tile;
     c.sharedMemoryBytes = 2 * tile * kTileK * static_cast<uint32_t>(sizeof(float));
     return c;
 }
 
-bool fits(const MatmulCandidate &c, const DeviceInfo &device) {
+std::vector<kernels::MatmulTiles> portableMatmulTiles() {
+    // Depth 16 is the hand-written kernels' BK (the benchmarks compare like with like); the last
+    // set trades shared memory for more K steps.
+    return {{16, 1, 16}, {32, 1, 16}, {32, 2, 16}, {64, 4, 16}, {64, 4, 8}};
+}
+
+std::string matmulCandidateName(const kernels::MatmulTiles &tiles) {
+    return "t" + std::to_string(tiles.tile) + "-w" + std::to_string(tiles.perThread) + "-k" +
+           std::to_string(tiles.depth);
+}
+
+MatmulCandidate portableMatmulCandidate(const kernels::MatmulTiles &tiles) {
+    MatmulCandidate c;
+    c.name = matmulCandidateName(tiles);
+    c.portable = kernels::matmul(tiles);
+    c.kernel = c.portable->source();
+    c.block = {tiles.threads(), tiles.threads(), 1};
+    c.tileRows = c.tileCols = tiles.tile;
+    c.sharedMemoryBytes = tiles.sharedBytes();
+    return c;
+}
+
+bool fitsDevice(const MatmulCandidate &c, const DeviceInfo &device) {
     bool accepted = false;
     for (const KernelVariant &v : c.kernel.variants) accepted = accepted || device.accepts(v.dialect);
     if (!accepted) return false;
@@ -243,6 +271,8 @@ bool fits(const MatmulCandidate &c, const DeviceInfo &device) {
         if (device.maxBlockSize[d] != 0 && c.block[d] > device.maxBlockSize[d]) return false;
     return device.maxSharedMemoryBytes == 0 || c.sharedMemoryBytes <= device.maxSharedMemoryBytes;
 }
+
+namespace {
 
 uint32_t ceilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
@@ -255,31 +285,48 @@ MatmulResult MatmulCandidate::run(const MatmulProblem &problem) const {
     MatmulResult result{problem.client,
                         problem.client->empty(uint64_t(problem.m) * problem.n * sizeof(float)),
                         problem.m, problem.n, problem.k};
-    Dispatch d;
-    d.block = block;
-    d.grid = {tileCols == 0 ? 1 : ceilDiv(problem.n, tileCols), ceilDiv(problem.m, tileRows), 1};
-    d.bindings = {problem.a, problem.b, result.c};
-    d.scalar(MatmulScalars{problem.m, problem.n, problem.k});
-    problem.client->execute(kernel, d);
+    launch(problem, result.c);
     return result;
 }
 
+void MatmulCandidate::launch(const MatmulProblem &problem, const Buffer &c) const {
+    if (problem.client == nullptr || problem.m == 0 || problem.n == 0 || problem.k == 0)
+        throw Error(ErrorCode::InvalidArgument,
+                    "matmul '" + name + "': the problem needs a client and m, n, k > 0");
+    Dispatch d;
+    d.block = block;
+    d.grid = {tileCols == 0 ? 1 : ceilDiv(problem.n, tileCols), ceilDiv(problem.m, tileRows), 1};
+    d.bindings = {problem.a, problem.b, c};
+    d.scalar(MatmulScalars{problem.m, problem.n, problem.k});
+    if (portable) problem.client->execute(*portable, d);
+    else problem.client->execute(kernel, d);
+}
+
 std::vector<MatmulCandidate> matmulCandidates(const DeviceInfo &device) {
-    // The first one is the reference of the output checks: the simplest of each kind.
+    std::vector<MatmulCandidate> usable;
+    for (const kernels::MatmulTiles &tiles : portableMatmulTiles()) {
+        MatmulCandidate c = portableMatmulCandidate(tiles);
+        if (fitsDevice(c, device)) usable.push_back(std::move(c));
+    }
+    return usable;
+}
+
+std::vector<MatmulCandidate> handWrittenMatmulCandidates(const DeviceInfo &device) {
+    // The simplest of each kind first (the reference when they are checked against each other).
     std::vector<MatmulCandidate> all = {
         hostCandidate("host-ijk-rows1", &matmulHostIjk, 1),
         hostCandidate("host-ikj-rows1", &matmulHostIkj, 1),
         hostCandidate("host-ikj-rows8", &matmulHostIkj, 8),
         hostCandidate("host-ikj-rows32", &matmulHostIkj, 32),
         naiveGpuCandidate(),
-        tiledGpuCandidate("tiled16", 16, 1),
-        tiledGpuCandidate("tiled32", 32, 1),
-        tiledGpuCandidate("tiled32-2x2", 32, 2),
-        tiledGpuCandidate("tiled64-4x4", 64, 4),
+        handWrittenTiledCandidate(16, 1),
+        handWrittenTiledCandidate(32, 1),
+        handWrittenTiledCandidate(32, 2),
+        handWrittenTiledCandidate(64, 4),
     };
     std::vector<MatmulCandidate> usable;
     for (MatmulCandidate &c : all)
-        if (fits(c, device)) usable.push_back(std::move(c));
+        if (fitsDevice(c, device)) usable.push_back(std::move(c));
     return usable;
 }
 
@@ -288,7 +335,8 @@ MatmulSet matmulTunable(const DeviceInfo &device) {
     if (candidates.empty())
         throw Error(ErrorCode::Unsupported,
                     "matmul: device " + device.id() + " (" + device.name +
-                        ") accepts none of the HOST, GLSL, CUDA or HIP dialects of its kernels");
+                        ") fits none of the portable matmul's tile sets (block or shared memory "
+                        "limits too small)");
     MatmulSet set("matmul-f32", [](const MatmulProblem &p, TuneLevel level) {
         return tune::KeyBuilder(level)
             .axis("m", p.m)

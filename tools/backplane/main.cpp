@@ -1,4 +1,4 @@
-// The backplane command: devices, config check, demo, bench, tune, cache.
+// The backplane command: devices, config check, demo, bench, tune, cache, kernels.
 #include "commands.hpp"
 
 #include <cstdio>
@@ -39,6 +39,10 @@ constexpr Command kCommands[] = {
 #ifdef BACKPLANE_HAVE_CMD_PLUGIN
     {"plugin", &backplane::tool::runPlugin,
      "plugin new NAME [--meson|--cmake] [--dir DIR]  write an out-of-tree plugin skeleton"},
+#endif
+#ifdef BACKPLANE_HAVE_CMD_KERNELS
+    {"kernels", &backplane::tool::runKernels,
+     "kernels dump [--dialect cuda|hip|glsl|host|all] [NAME...]  portable kernels' sources"},
 #endif
 #ifdef BACKPLANE_HAVE_CMD_CACHE
     {"cache", &backplane::tool::runCache, "cache [info|clear]        kernel and pipeline caches"},

@@ -11,6 +11,25 @@
 #include <utility>
 #include <vector>
 
+// The lane loops are compiled twice, for baseline x86-64 and for x86-64-v3 (AVX2, FMA), and the
+// dynamic loader picks one for the CPU (glibc ifunc): 8-wide vectors and a hardware fma() are
+// much of the interpreter's speed, and a distribution's baseline build has neither. Not under
+// ThreadSanitizer: it instruments the ifunc resolver, which the loader runs before TSan's runtime
+// is initialised, and every program linking the core would crash at load.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) &&         \
+    defined(__GLIBC__) && !defined(__SANITIZE_THREAD__)
+#define BACKPLANE_LANE_LOOPS __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define BACKPLANE_LANE_LOOPS
+#endif
+// GCC vectorises at -O2 only loops of a known trip count that need no alias check ("very cheap"
+// cost model); the lane loops have neither, so this file asks for the -O3 model. Short copy loops
+// stay loops instead of becoming memcpy calls.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic",                                  \
+                     "no-tree-loop-distribute-patterns")
+#endif
+
 namespace backplane::lang::detail {
 namespace {
 
@@ -20,16 +39,22 @@ namespace {
 // that jumps (break, continue, return) is marked in `dead_` and leaves every mask up to the
 // construct that absorbs the jump (its loop; nothing for return).
 //
-// Registers are planned per call from the Module (plan()): the Module may be freed and another
-// recorded at the same address between calls, so nothing derived from it is cached by address.
-// Planning is linear in the IR's size, small next to running it for every lane.
+// Registers are planned from the Module (plan()), linear in the IR's size plus a sort. A thread
+// keeps its last plan and reuses it while the IR it runs is the same, word for word (a Module may
+// be freed and another recorded at the same address: never recognised by address). Comparing is
+// a few times cheaper than planning, which matters for small workgroups.
+// A value gets a register from its statement to its last use (or to the end of the last loop
+// that reads it and began after it was computed), so the working set stays small. Two kinds
+// of statement never run: integer identities (x + 0, x * 1, casts between i32 and u32) share
+// their operand's register, and a load of a variable, or of a private array at a constant index,
+// reads that memory in place when nothing stores to it while the value is live.
 
 enum LaneState : uint8_t { kAlive = 0, kBroke = 1, kContinued = 2, kReturned = 3 };
 
 /// Limits that keep a malformed or enormous kernel from exhausting the stack or memory. The
 /// function has no way to report an error: such a workgroup is left undone.
 constexpr uint64_t kMaxLanes = uint64_t{1} << 16;
-constexpr uint32_t kMaxLevel = 4096; // two mask levels per nesting level
+constexpr uint32_t kMaxLevel = 4096;                     // two mask levels per nesting level
 constexpr uint64_t kMaxScratchWords = uint64_t{1} << 29; // 2 GiB
 
 float asFloat(uint32_t bits) { return std::bit_cast<float>(bits); }
@@ -47,8 +72,10 @@ int arity(const Node &n) {
     case Op::Builtin:
     case Op::Scalar:
     case Op::Length:
-    case Op::LoopIndex: return 0;
-    case Op::Load: return n.space == Space::Var ? 0 : 1;
+    case Op::LoopIndex:
+        return 0;
+    case Op::Load:
+        return n.space == Space::Var ? 0 : 1;
     case Op::Neg:
     case Op::Not:
     case Op::BitNot:
@@ -65,7 +92,8 @@ int arity(const Node &n) {
     case Op::Ceil:
     case Op::SubgroupSum:
     case Op::SubgroupMin:
-    case Op::SubgroupMax: return 1;
+    case Op::SubgroupMax:
+        return 1;
     case Op::Add:
     case Op::Sub:
     case Op::Mul:
@@ -87,9 +115,11 @@ int arity(const Node &n) {
     case Op::Pow:
     case Op::Atomic:
     case Op::ShuffleXor:
-    case Op::Broadcast: return 2;
+    case Op::Broadcast:
+        return 2;
     case Op::Select:
-    case Op::Fma: return 3;
+    case Op::Fma:
+        return 3;
     }
     return -1;
 }
@@ -103,22 +133,29 @@ bool uniformBuiltin(uint32_t imm) {
     case Builtin::GroupSize:
     case Builtin::GridSize:
     case Builtin::SubgroupSize:
-    case Builtin::SubgroupLane: return true; // 1 and 0 on the host
-    default: return false;
+    case Builtin::SubgroupLane:
+        return true; // 1 and 0 on the host
+    default:
+        return false;
     }
 }
 
 uint32_t combine(AtomicOp op, bool isSigned, uint32_t old, uint32_t value) {
     switch (op) {
-    case AtomicOp::Add: return old + value;
+    case AtomicOp::Add:
+        return old + value;
     case AtomicOp::Min:
         return isSigned ? (asInt(value) < asInt(old) ? value : old) : std::min(old, value);
     case AtomicOp::Max:
         return isSigned ? (asInt(value) > asInt(old) ? value : old) : std::max(old, value);
-    case AtomicOp::And: return old & value;
-    case AtomicOp::Or: return old | value;
-    case AtomicOp::Xor: return old ^ value;
-    case AtomicOp::Exchange: return value;
+    case AtomicOp::And:
+        return old & value;
+    case AtomicOp::Or:
+        return old | value;
+    case AtomicOp::Xor:
+        return old ^ value;
+    case AtomicOp::Exchange:
+        return value;
     }
     return old;
 }
@@ -137,13 +174,19 @@ uint32_t atomicOnBuffer(unsigned char *at, bool aligned, AtomicOp op, bool isSig
     }
     std::atomic_ref<uint32_t> ref(*reinterpret_cast<uint32_t *>(at));
     switch (op) {
-    case AtomicOp::Add: return ref.fetch_add(value);
-    case AtomicOp::And: return ref.fetch_and(value);
-    case AtomicOp::Or: return ref.fetch_or(value);
-    case AtomicOp::Xor: return ref.fetch_xor(value);
-    case AtomicOp::Exchange: return ref.exchange(value);
+    case AtomicOp::Add:
+        return ref.fetch_add(value);
+    case AtomicOp::And:
+        return ref.fetch_and(value);
+    case AtomicOp::Or:
+        return ref.fetch_or(value);
+    case AtomicOp::Xor:
+        return ref.fetch_xor(value);
+    case AtomicOp::Exchange:
+        return ref.exchange(value);
     case AtomicOp::Min:
-    case AtomicOp::Max: break;
+    case AtomicOp::Max:
+        break;
     }
     uint32_t old = ref.load(std::memory_order_relaxed);
     for (;;) {
@@ -165,6 +208,39 @@ uint32_t floatToU32(uint32_t bits) {
     if (!(f > 0.0f)) return 0; // NaN, negatives and (-1, 0) all give 0
     if (f >= 4294967296.0f) return 0xffffffffu;
     return static_cast<uint32_t>(f);
+}
+
+/// Unsigned division by a divisor the lanes share, as a multiply and shifts (Granlund and
+/// Montgomery, "Division by invariant integers using multiplication"): vectorises where a
+/// division instruction per lane does not. `d` is not 0.
+struct Divisor {
+    uint32_t multiplier = 0;
+    int shift = 0;
+    bool power = false;
+
+    explicit Divisor(uint32_t d) {
+        if ((d & (d - 1)) == 0) {
+            power = true;
+            shift = std::countr_zero(d);
+            return;
+        }
+        const int log = 32 - std::countl_zero(d - 1); // ceil(log2(d)), 2..32
+        multiplier =
+            static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << log) - d)) / d + 1);
+        shift = log - 1;
+    }
+};
+
+/// Copies `count` 32-bit words between memory that may be unaligned (buffers). A loop, not
+/// memcpy: rows are short, and the library call's set-up costs more than the vectorised loop.
+inline void copyRow(void *to, const void *from, uint32_t count) {
+    auto *out = static_cast<unsigned char *>(to);
+    const auto *in = static_cast<const unsigned char *>(from);
+    for (uint32_t i = 0; i < count; ++i) {
+        uint32_t word;
+        std::memcpy(&word, in + size_t{i} * 4, sizeof word);
+        std::memcpy(out + size_t{i} * 4, &word, sizeof word);
+    }
 }
 
 /// One active set of lanes: `on[l]` per lane, and the active lanes in order in `lanes` (valid
@@ -190,32 +266,54 @@ public:
     void run(const Module &module, const bp_host_kernel_context &context);
 
 private:
-    // -- planning ----------------------------------------------------------------------------------
+    // -- planning
+    // ----------------------------------------------------------------------------------
+    void sign(const Module &module);
     bool plan();
     bool walk(uint32_t block, uint32_t freeLevel);
     bool use(uint32_t node, uint32_t pos);
     bool define(uint32_t node, uint32_t pos);
     bool checkLet(uint32_t node, uint32_t pos);
+    uint32_t identityOperand(const Node &n) const;
+    uint32_t resolve(uint32_t node) const {
+        return forward_[node] == kNone ? node : forward_[node];
+    }
+    bool storedBetween(uint32_t key, uint32_t after, uint32_t upTo) const;
     bool checkTarget(Space space, uint32_t target, bool atomic) const;
     void planUniform();
+    void planRow(uint32_t node);
     void allocate();
     bool prepare(const bp_host_kernel_context &context);
     void fillLeaves(const bp_host_kernel_context &context);
 
-    // -- running -----------------------------------------------------------------------------------
-    uint32_t *reg(uint32_t node) { return regs_.data() + size_t{slot_[node]} * n_; }
+    // -- running
+    // -----------------------------------------------------------------------------------
+    uint32_t *reg(uint32_t node) const { return regPtr_[node]; }
     uint32_t *var(uint32_t id) { return vars_.data() + size_t{id} * n_; }
     uint32_t first(const Mask &m) const { return m.count == n_ ? 0 : m.lanes[0]; }
+    /// Whether an access at `index` under `m` moves whole rows: every lane is active and the
+    /// index is row-contiguous (step 1) or row-constant (step 0).
+    bool byRows(const Mask &m, uint32_t index) const {
+        return m.count == n_ && rowAffine_[index] && xStep_[index] <= 1;
+    }
+    /// Calls f(first lane, first lane's index) for every row, in lane order.
+    template <class F> void eachRow(const uint32_t *index, F f) const {
+        const uint32_t width = block_[0];
+        for (uint32_t start = 0; start < n_; start += width)
+            f(start, index[start]);
+    }
 
     /// Calls f(lane) for every active lane in lane order: a plain loop over all lanes when every
     /// lane is active (the loop the compiler vectorises), the lane list otherwise.
     template <class F> void each(const Mask &m, F f) const {
         const uint32_t n = n_, count = m.count;
         if (count == n) {
-            for (uint32_t l = 0; l < n; ++l) f(l);
+            for (uint32_t l = 0; l < n; ++l)
+                f(l);
         } else {
             const uint32_t *lanes = m.lanes;
-            for (uint32_t i = 0; i < count; ++i) f(lanes[i]);
+            for (uint32_t i = 0; i < count; ++i)
+                f(lanes[i]);
         }
     }
     template <class F> void map1(const Mask &m, uint32_t *out, const uint32_t *a, F f) const {
@@ -226,9 +324,9 @@ private:
         each(m, [=](uint32_t l) { out[l] = f(a[l], b[l]); });
     }
 
-    void recount(Mask &m) const;
+    BACKPLANE_LANE_LOOPS void recount(Mask &m) const;
     void copyMask(const Mask &from, Mask &to) const;
-    void refresh(Mask &m) const;
+    BACKPLANE_LANE_LOOPS void refresh(Mask &m) const;
     void settle(Mask &loop);
 
     void runBlock(uint32_t block, Mask &m, uint32_t freeLevel);
@@ -237,22 +335,33 @@ private:
     void runWhile(const Stmt &s, Mask &m, uint32_t freeLevel);
     void jump(Jump kind, Mask &m);
     void let(uint32_t node, const Mask &m);
-    void arithmetic(const Node &node, uint32_t *out, const Mask &m);
-    void cast(const Node &node, uint32_t *out, const Mask &m);
-    void load(const Node &node, uint32_t *out, const Mask &m);
-    void store(const Stmt &s, const Mask &m);
+    BACKPLANE_LANE_LOOPS void arithmetic(const Node &node, uint32_t *out, const Mask &m);
+    BACKPLANE_LANE_LOOPS void cast(const Node &node, uint32_t *out, const Mask &m);
+    BACKPLANE_LANE_LOOPS void divideByUniform(bool remainder, uint32_t *out, const uint32_t *a,
+                                              uint32_t d, const Mask &m);
+    BACKPLANE_LANE_LOOPS void load(const Node &node, uint32_t *out, const Mask &m);
+    BACKPLANE_LANE_LOOPS void store(const Stmt &s, const Mask &m);
     void atomic(const Node &node, uint32_t *out, const Mask &m);
 
     const Module *m_ = nullptr;
+    /// What plan() reads of the Module, as words: this call's, and the one of the plan below
+    /// (empty: no plan).
+    std::vector<uint32_t> signature_, plannedSignature_;
     uint32_t n_ = 0; ///< lanes
     uint32_t block_[3] = {1, 1, 1};
 
     // plan, per node
-    std::vector<uint32_t> slot_;
+    enum Kind : uint8_t { kRegister, kForwarded, kInVar, kInPrivate };
+    std::vector<uint8_t> kind_;
+    std::vector<uint32_t> forward_;  ///< kForwarded: the node whose register it shares
+    std::vector<uint32_t> slot_;     ///< kRegister: register slot; kInVar / kInPrivate: row
+    std::vector<uint32_t *> regPtr_; ///< where each node's lanes are, for this call
     std::vector<uint32_t> defPos_;
     std::vector<uint32_t> lastUse_;
-    std::vector<uint32_t> outerLoop_; ///< the last loop entered after the def and used in
+    std::vector<uint32_t> outerLoop_; ///< the last loop that began after the def and reads it
     std::vector<uint8_t> uniform_;
+    std::vector<uint8_t> rowAffine_; ///< along a row, the index is its first value + xStep_ * x
+    std::vector<uint32_t> xStep_;
     std::vector<const Stmt *> forOf_; ///< LoopIndex node: its For statement
     // plan, per block
     std::vector<uint8_t> visited_;
@@ -262,13 +371,16 @@ private:
     std::vector<uint32_t> posDef_; ///< node defined at each position, or kNone
     std::vector<uint32_t> loopStart_, loopEnd_;
     std::vector<uint32_t> openLoops_;
+    /// (memory, position) of every store to a variable (memory = var) or private array (memory =
+    /// vars + array), in position order per memory.
+    std::vector<std::pair<uint32_t, uint32_t>> stores_;
     std::vector<std::pair<uint64_t, uint32_t>> leaves_;
     std::vector<uint32_t> endStart_, endNodes_, freeSlots_;
     std::vector<uint32_t> privOffset_, sharedOffset_;
     uint32_t positions_ = 0;
     uint32_t maxLevel_ = 0;
     uint32_t slots_ = 0;
-    uint32_t constSlots_ = 0;
+    uint32_t leafSlots_ = 0; ///< slots [0, leafSlots_) hold the leaves
     uint64_t privWords_ = 0, sharedWords_ = 0;
 
     // scratch
@@ -281,10 +393,13 @@ private:
     std::vector<uint32_t> maskLanes_;
     std::vector<Mask> masks_;
     std::vector<BufferView> buffers_;
-    /// The constants held by register slots [0, size) for lane count cachedLanes_: constants
-    /// take the first slots of every plan, so a workgroup of the same kernel refills none.
-    std::vector<uint32_t> cachedConstants_;
-    uint32_t cachedLanes_ = 0;
+    /// Per leaf slot, the value all its lanes hold (bit 32 set), or 0 when unknown or per lane,
+    /// for lane count filledLanes_: a workgroup of the same kernel refills only what changed.
+    std::vector<uint64_t> filled_;
+    uint32_t filledLanes_ = 0;
+    /// Each lane's local id along x, then y, then z, for the block shape localIdsBlock_.
+    std::vector<uint32_t> localIds_;
+    uint32_t localIdsBlock_[3] = {0, 0, 0};
 };
 
 // -- planning ------------------------------------------------------------------------------------
@@ -292,18 +407,21 @@ private:
 bool Interpreter::checkTarget(Space space, uint32_t target, bool atomic) const {
     const Module &m = *m_;
     switch (space) {
-    case Space::Buffer: return target < m.bindings.size();
+    case Space::Buffer:
+        return target < m.bindings.size();
     case Space::Shared:
     case Space::Private:
         return target < m.arrays.size() && m.arrays[target].space == space &&
                !(atomic && space == Space::Private);
-    case Space::Var: return !atomic && target < m.vars.size();
+    case Space::Var:
+        return !atomic && target < m.vars.size();
     }
     return false;
 }
 
 bool Interpreter::use(uint32_t node, uint32_t pos) {
     if (node >= m_->nodes.size()) return false;
+    node = resolve(node);
     if (isLeaf(m_->nodes[node].op)) return true;
     const uint32_t def = defPos_[node];
     if (def == kNone) return false; // used before (or without) its statement
@@ -339,7 +457,55 @@ bool Interpreter::checkLet(uint32_t node, uint32_t pos) {
         if (!use(ids[i], pos)) return false;
     if (n.op == Op::Load && !checkTarget(n.space, n.imm, false)) return false;
     if (n.op == Op::Atomic && !checkTarget(n.space, n.imm, true)) return false;
+    if (const uint32_t same = identityOperand(n); same != kNone) {
+        forward_[node] = resolve(same);
+        kind_[node] = kForwarded;
+        return true;
+    }
     return define(node, pos);
+}
+
+/// The operand an integer operation returns unchanged (x + 0, x * 1...), or kNone. Operands are
+/// valid node indices (checked by the caller).
+uint32_t Interpreter::identityOperand(const Node &n) const {
+    const auto &nodes = m_->nodes;
+    auto isInteger = [](Type t) { return t == Type::I32 || t == Type::U32; };
+    auto constant = [&](uint32_t id, uint32_t bits) {
+        const Node &c = nodes[resolve(id)];
+        return c.op == Op::Constant && c.imm == bits;
+    };
+    if (n.op == Op::Cast) {
+        const Type from = nodes[n.a].type;
+        return from == n.type || (isInteger(from) && isInteger(n.type)) ? n.a : kNone;
+    }
+    if (!isInteger(n.type) || arity(n) != 2 || n.op == Op::Atomic || !isInteger(nodes[n.a].type))
+        return kNone;
+    switch (n.op) {
+    case Op::Add:
+    case Op::Or:
+    case Op::Xor:
+        if (constant(n.b, 0)) return n.a;
+        if (constant(n.a, 0)) return n.b;
+        return kNone;
+    case Op::Sub:
+    case Op::Shl:
+    case Op::Shr:
+        return constant(n.b, 0) ? n.a : kNone;
+    case Op::Mul:
+        if (constant(n.b, 1)) return n.a;
+        if (constant(n.a, 1)) return n.b;
+        return kNone;
+    case Op::Div:
+        return constant(n.b, 1) ? n.a : kNone;
+    default:
+        return kNone;
+    }
+}
+
+bool Interpreter::storedBetween(uint32_t key, uint32_t after, uint32_t upTo) const {
+    const auto at =
+        std::lower_bound(stores_.begin(), stores_.end(), std::make_pair(key, after + 1));
+    return at != stores_.end() && at->first == key && at->second <= upTo;
 }
 
 bool Interpreter::walk(uint32_t block, uint32_t freeLevel) {
@@ -366,9 +532,13 @@ bool Interpreter::walk(uint32_t block, uint32_t freeLevel) {
         case StmtKind::Store:
             if (!checkTarget(s.space, s.target, false) || !use(s.value, pos)) return false;
             if (s.space != Space::Var && !use(s.index, pos)) return false;
+            if (s.space == Space::Var) stores_.push_back({s.target, pos});
+            if (s.space == Space::Private)
+                stores_.push_back({static_cast<uint32_t>(m.vars.size()) + s.target, pos});
             break;
         case StmtKind::DeclareVar:
             if (!checkTarget(Space::Var, s.target, false) || !use(s.value, pos)) return false;
+            stores_.push_back({s.target, pos});
             break;
         case StmtKind::If:
             maxLevel_ = std::max(maxLevel_, freeLevel + 1);
@@ -410,8 +580,10 @@ bool Interpreter::walk(uint32_t block, uint32_t freeLevel) {
             jumps = true;
             returns = returns || s.jump == Jump::Return;
             break;
-        case StmtKind::Barrier: break;
-        default: return false;
+        case StmtKind::Barrier:
+            break;
+        default:
+            return false;
         }
         if (posDef_.size() < positions_ + 2) posDef_.resize(2 * positions_ + 16, kNone);
     }
@@ -428,14 +600,19 @@ void Interpreter::planUniform() {
         switch (n.op) {
         case Op::Constant:
         case Op::Scalar:
-        case Op::Length: u = true; break;
-        case Op::Builtin: u = uniformBuiltin(n.imm); break;
+        case Op::Length:
+            u = true;
+            break;
+        case Op::Builtin:
+            u = uniformBuiltin(n.imm);
+            break;
         case Op::LoopIndex: {
             // Every lane in the loop has run the same iterations when its bounds are uniform.
             const Stmt *s = forOf_[i];
             u = s != nullptr;
             if (u)
-                for (uint32_t o : {s->begin, s->end, s->step}) u = u && o < i && uniform_[o];
+                for (uint32_t o : {s->begin, s->end, s->step})
+                    u = u && o < i && uniform_[o];
             break;
         }
         case Op::Load:
@@ -444,7 +621,9 @@ void Interpreter::planUniform() {
         case Op::SubgroupMin:
         case Op::SubgroupMax:
         case Op::ShuffleXor:
-        case Op::Broadcast: u = false; break;
+        case Op::Broadcast:
+            u = false;
+            break;
         default: {
             // Operands recorded before the node (SSA order); a later one counts as varying.
             u = true;
@@ -453,43 +632,147 @@ void Interpreter::planUniform() {
         }
         }
         uniform_[i] = u;
+        planRow(i);
     }
+}
+
+// Within a row of the block (the lanes of one local y and z), an index is often the row's first
+// value plus a constant times the local x id: 1 for x-contiguous accesses (x[globalId.x]), 0 for
+// values that depend on y, z and uniforms only (tile[ty * 16 + k]). Such accesses under a full
+// mask move whole rows (a copy, or one element broadcast) instead of an element per lane.
+void Interpreter::planRow(uint32_t i) {
+    const Node &n = m_->nodes[i];
+    rowAffine_[i] = 0;
+    xStep_[i] = 0;
+    if (uniform_[i]) {
+        rowAffine_[i] = 1;
+        return;
+    }
+    auto affine = [&](uint32_t o) { return o != kNone && o < i && rowAffine_[o]; };
+    auto constant = [&](uint32_t o) {
+        return o != kNone && m_->nodes[resolve(o)].op == Op::Constant;
+    };
+    auto set = [&](uint32_t step) {
+        rowAffine_[i] = 1;
+        xStep_[i] = step;
+    };
+    const bool integer = n.type == Type::I32 || n.type == Type::U32;
+    switch (n.op) {
+    case Op::Builtin: {
+        const auto which = static_cast<Builtin>(n.imm / 4);
+        const uint32_t axis = n.imm % 4;
+        if (which == Builtin::LocalIndex)
+            set(1);
+        else if (which == Builtin::LocalId || which == Builtin::GlobalId)
+            set(axis == 0 ? 1 : 0);
+        return;
+    }
+    case Op::Add:
+    case Op::Sub:
+        if (integer && affine(n.a) && affine(n.b))
+            set(n.op == Op::Add ? xStep_[n.a] + xStep_[n.b] : xStep_[n.a] - xStep_[n.b]);
+        else
+            break;
+        return;
+    case Op::Mul:
+        if (!integer || !affine(n.a) || !affine(n.b)) break;
+        if (constant(n.b))
+            set(xStep_[n.a] * m_->nodes[resolve(n.b)].imm);
+        else if (constant(n.a))
+            set(xStep_[n.b] * m_->nodes[resolve(n.a)].imm);
+        else if (xStep_[n.a] == 0 && xStep_[n.b] == 0)
+            set(0);
+        return;
+    case Op::Shl:
+        if (!integer || !affine(n.a) || !affine(n.b)) break;
+        if (constant(n.b))
+            set(xStep_[n.a] << (m_->nodes[resolve(n.b)].imm & 31));
+        else if (xStep_[n.a] == 0 && xStep_[n.b] == 0)
+            set(0);
+        return;
+    case Op::Cast:
+        if (integer && affine(n.a) &&
+            (m_->nodes[n.a].type == Type::I32 || m_->nodes[n.a].type == Type::U32))
+            set(xStep_[n.a]); // the bits are kept
+        else
+            break;
+        return;
+    case Op::Load:
+    case Op::Atomic:
+    case Op::LoopIndex:
+    case Op::SubgroupSum:
+    case Op::SubgroupMin:
+    case Op::SubgroupMax:
+    case Op::ShuffleXor:
+    case Op::Broadcast:
+    case Op::Constant:
+    case Op::Scalar:
+    case Op::Length:
+        return;
+    default:
+        break;
+    }
+    // Any other operation of values that are constant along a row is constant along it.
+    if (arity(n) < 1) return;
+    const uint32_t ids[3] = {n.a, n.b, n.c};
+    for (int k = 0; k < arity(n); ++k)
+        if (!affine(ids[k]) || xStep_[ids[k]] != 0) return;
+    set(0);
 }
 
 void Interpreter::allocate() {
     const Module &m = *m_;
     const auto count = static_cast<uint32_t>(m.nodes.size());
 
-    // Leaves: one slot per distinct value, constants first (the slots the cache keeps filled).
+    // Leaves: one slot per distinct value, in the first slots.
     leaves_.clear();
     for (uint32_t i = 0; i < count; ++i) {
         const Node &n = m.nodes[i];
         if (!isLeaf(n.op)) continue;
-        const uint64_t kind = n.op == Op::Constant ? 0 : n.op == Op::Builtin ? 1 : n.op == Op::Scalar ? 2 : 3;
+        const uint64_t kind = n.op == Op::Constant  ? 0
+                              : n.op == Op::Builtin ? 1
+                              : n.op == Op::Scalar  ? 2
+                                                    : 3;
         leaves_.push_back({(kind << 32) | n.imm, i});
     }
     std::sort(leaves_.begin(), leaves_.end());
     uint32_t next = 0;
-    constSlots_ = 0;
     for (size_t i = 0; i < leaves_.size(); ++i) {
         if (i > 0 && leaves_[i].first != leaves_[i - 1].first) ++next;
         slot_[leaves_[i].second] = next;
-        if ((leaves_[i].first >> 32) == 0) constSlots_ = next + 1;
     }
     if (!leaves_.empty()) ++next;
+    leafSlots_ = next;
 
     // Statement values: linear scan over positions, a slot freed after the value's last use
-    // (extended to the end of the outermost loop it is read in but defined before).
+    // (extended to the end of the last loop that reads it and began after it was computed).
     const uint32_t positions = positions_;
     endStart_.assign(positions + 2, 0);
+    std::sort(stores_.begin(), stores_.end());
     for (uint32_t i = 0; i < count; ++i) {
         if (defPos_[i] == kNone) continue;
         uint32_t end = lastUse_[i];
         if (outerLoop_[i] != kNone) end = std::max(end, loopEnd_[outerLoop_[i]]);
         lastUse_[i] = end;
         ++endStart_[end + 1];
+        // Loads that can read their memory in place: nothing stores to it while they live.
+        const Node &n = m.nodes[i];
+        if (n.op != Op::Load) continue;
+        if (n.space == Space::Var && !storedBetween(n.imm, defPos_[i], end)) {
+            kind_[i] = kInVar;
+            slot_[i] = n.imm;
+        } else if (n.space == Space::Private) {
+            const Node &index = m.nodes[resolve(n.a)];
+            const uint32_t key = static_cast<uint32_t>(m.vars.size()) + n.imm;
+            if (index.op == Op::Constant && index.imm < m.arrays[n.imm].length &&
+                !storedBetween(key, defPos_[i], end)) {
+                kind_[i] = kInPrivate;
+                slot_[i] = privOffset_[n.imm] + index.imm;
+            }
+        }
     }
-    for (uint32_t p = 0; p + 1 < endStart_.size(); ++p) endStart_[p + 1] += endStart_[p];
+    for (uint32_t p = 0; p + 1 < endStart_.size(); ++p)
+        endStart_[p + 1] += endStart_[p];
     endNodes_.assign(endStart_.back(), 0);
     {
         std::vector<uint32_t> &fill = freeSlots_; // reused as the per-position cursor here
@@ -500,7 +783,7 @@ void Interpreter::allocate() {
     freeSlots_.clear();
     for (uint32_t p = 0; p < positions; ++p) {
         const uint32_t def = posDef_[p];
-        if (def != kNone) {
+        if (def != kNone && kind_[def] == kRegister) {
             // Allocated before this position's dying values are freed: a result never shares
             // a register with its operands, so the lane loops see no aliasing.
             if (freeSlots_.empty()) {
@@ -511,9 +794,46 @@ void Interpreter::allocate() {
             }
         }
         for (uint32_t k = endStart_[p]; k < endStart_[p + 1]; ++k)
-            freeSlots_.push_back(slot_[endNodes_[k]]);
+            if (kind_[endNodes_[k]] == kRegister) freeSlots_.push_back(slot_[endNodes_[k]]);
     }
     slots_ = std::max(next, 1u);
+}
+
+void Interpreter::sign(const Module &module) {
+    size_t words = 4 + 5 * module.nodes.size() + 2 * module.arrays.size();
+    for (const Block &b : module.blocks)
+        words += 1 + 10 * b.stmts.size();
+    signature_.resize(words);
+    uint32_t *out = signature_.data();
+    auto put = [&](size_t value) { *out++ = static_cast<uint32_t>(value); };
+    put(module.nodes.size());
+    put(module.blocks.size());
+    put(module.bindings.size());
+    put(module.vars.size());
+    for (const Node &n : module.nodes) {
+        put(uint32_t{static_cast<uint8_t>(n.op)} | uint32_t{static_cast<uint8_t>(n.type)} << 8 |
+            uint32_t{static_cast<uint8_t>(n.space)} << 16 |
+            uint32_t{static_cast<uint8_t>(n.atomicOp)} << 24);
+        put(n.a);
+        put(n.b);
+        put(n.c);
+        put(n.imm);
+    }
+    for (const ArrayDecl &a : module.arrays) {
+        put(static_cast<uint8_t>(a.space));
+        put(a.length);
+    }
+    for (const Block &b : module.blocks) {
+        put(b.stmts.size());
+        for (const Stmt &st : b.stmts) {
+            put(uint32_t{static_cast<uint8_t>(st.kind)} |
+                uint32_t{static_cast<uint8_t>(st.space)} << 8 |
+                uint32_t{static_cast<uint8_t>(st.jump)} << 16);
+            for (uint32_t v : {st.node, st.target, st.index, st.value, st.body, st.other, st.begin,
+                               st.end, st.step})
+                put(v);
+        }
+    }
 }
 
 bool Interpreter::plan() {
@@ -521,10 +841,15 @@ bool Interpreter::plan() {
     const size_t count = m.nodes.size();
     if (m.blocks.empty() || count >= kNone / 2 || m.blocks.size() >= kNone / 2) return false;
     slot_.assign(count, 0);
+    kind_.assign(count, kRegister);
+    forward_.assign(count, kNone);
+    stores_.clear();
     defPos_.assign(count, kNone);
     lastUse_.assign(count, 0);
     outerLoop_.assign(count, kNone);
     uniform_.assign(count, 0);
+    rowAffine_.assign(count, 0);
+    xStep_.assign(count, 0);
     forOf_.assign(count, nullptr);
     visited_.assign(m.blocks.size(), 0);
     hasJump_.assign(m.blocks.size(), 0);
@@ -536,17 +861,17 @@ bool Interpreter::plan() {
     positions_ = 0;
     maxLevel_ = 0;
     for (const Node &n : m.nodes)
-        if (n.op == Op::Builtin && n.imm / 4 > static_cast<uint32_t>(Builtin::SubgroupLane)) return false;
+        if (n.op == Op::Builtin && n.imm / 4 > static_cast<uint32_t>(Builtin::SubgroupLane))
+            return false;
     if (!walk(0, 1)) return false;
     planUniform();
-    allocate();
-
     privOffset_.assign(m.arrays.size(), 0);
     sharedOffset_.assign(m.arrays.size(), 0);
     privWords_ = 0;
     sharedWords_ = 0;
     for (uint32_t a = 0; a < m.arrays.size(); ++a) {
         const ArrayDecl &array = m.arrays[a];
+        if (array.length == 0) return false;
         if (array.space == Space::Private) {
             privOffset_[a] = static_cast<uint32_t>(privWords_);
             privWords_ += array.length;
@@ -556,6 +881,7 @@ bool Interpreter::plan() {
         }
         if (privWords_ >= kNone || sharedWords_ >= kNone) return false;
     }
+    allocate();
     return true;
 }
 
@@ -569,11 +895,11 @@ bool Interpreter::prepare(const bp_host_kernel_context &context) {
     const Module &m = *m_;
     const uint64_t n = n_;
     const uint64_t levels = uint64_t{maxLevel_} + 1;
-    const uint64_t words = uint64_t{slots_} * n + m.vars.size() * n + privWords_ * n +
-                           sharedWords_ + levels * n * 2;
+    const uint64_t words =
+        uint64_t{slots_} * n + m.vars.size() * n + privWords_ * n + sharedWords_ + levels * n * 2;
     if (words > kMaxScratchWords) return false;
 
-    // Registers keep their contents when they grow, so the constant cache stays valid.
+    // Registers keep their contents when they grow, so what filled_ says of them stays true.
     growTo(regs_, size_t{slots_} * n);
     vars_.assign(m.vars.size() * n, 0);
     private_.assign(privWords_ * n, 0);
@@ -587,6 +913,25 @@ bool Interpreter::prepare(const bp_host_kernel_context &context) {
         masks_[l].lanes = maskLanes_.data() + l * n;
         masks_[l].count = 0;
     }
+
+    regPtr_.resize(m.nodes.size());
+    for (uint32_t i = 0; i < m.nodes.size(); ++i) {
+        switch (kind_[i]) {
+        case kRegister:
+            regPtr_[i] = regs_.data() + size_t{slot_[i]} * n;
+            break;
+        case kInVar:
+            regPtr_[i] = vars_.data() + size_t{slot_[i]} * n;
+            break;
+        case kInPrivate:
+            regPtr_[i] = private_.data() + size_t{slot_[i]} * n;
+            break;
+        case kForwarded:
+            break;
+        }
+    }
+    for (uint32_t i = 0; i < m.nodes.size(); ++i)
+        if (kind_[i] == kForwarded) regPtr_[i] = regPtr_[forward_[i]];
 
     buffers_.assign(m.bindings.size(), BufferView{});
     if (context.buffers != nullptr && context.buffer_sizes != nullptr) {
@@ -605,9 +950,24 @@ bool Interpreter::prepare(const bp_host_kernel_context &context) {
 void Interpreter::fillLeaves(const bp_host_kernel_context &context) {
     const Module &m = *m_;
     const uint32_t n = n_;
-    if (cachedLanes_ != n) cachedConstants_.clear();
-    cachedLanes_ = n;
-    if (cachedConstants_.size() > constSlots_) cachedConstants_.resize(constSlots_);
+    // Slots [0, leafSlots_) hold leaves in every plan; what a slot was last filled with stays
+    // valid across calls while the lane count does.
+    if (filledLanes_ != n) filled_.clear();
+    filledLanes_ = n;
+    filled_.resize(leafSlots_, 0);
+    if (!std::equal(block_, block_ + 3, localIdsBlock_)) {
+        // Lane ids per axis for this block shape (lanes are x fastest, then y, then z).
+        localIds_.resize(size_t{3} * n);
+        uint32_t l = 0;
+        for (uint32_t z = 0; z < block_[2]; ++z)
+            for (uint32_t y = 0; y < block_[1]; ++y)
+                for (uint32_t x = 0; x < block_[0]; ++x, ++l) {
+                    localIds_[l] = x;
+                    localIds_[n + l] = y;
+                    localIds_[2 * size_t{n} + l] = z;
+                }
+        std::copy(block_, block_ + 3, localIdsBlock_);
+    }
 
     uint32_t lastSlot = kNone;
     for (const auto &[key, node] : leaves_) {
@@ -616,13 +976,16 @@ void Interpreter::fillLeaves(const bp_host_kernel_context &context) {
         lastSlot = s;
         uint32_t *out = regs_.data() + size_t{s} * n;
         const Node &leaf = m.nodes[node];
-        auto fill = [&](uint32_t value) { std::fill(out, out + n, value); };
+        auto fill = [&](uint32_t value) {
+            const uint64_t tag = uint64_t{1} << 32 | value;
+            if (filled_[s] == tag) return;
+            std::fill(out, out + n, value);
+            filled_[s] = tag;
+        };
+        filled_[s] = leaf.op == Op::Builtin && !uniformBuiltin(leaf.imm) ? 0 : filled_[s];
         switch (leaf.op) {
         case Op::Constant:
-            if (s < cachedConstants_.size() && cachedConstants_[s] == leaf.imm) break;
             fill(leaf.imm);
-            if (cachedConstants_.size() <= s) cachedConstants_.resize(s + 1, ~leaf.imm);
-            cachedConstants_[s] = leaf.imm;
             break;
         case Op::Scalar: {
             uint32_t value = 0;
@@ -641,32 +1004,50 @@ void Interpreter::fillLeaves(const bp_host_kernel_context &context) {
         case Op::Builtin: {
             const auto which = static_cast<Builtin>(leaf.imm / 4);
             const uint32_t axis = leaf.imm % 4;
-            const uint32_t bx = block_[0], bxy = block_[0] * block_[1];
-            auto local = [&](uint32_t l) {
-                return axis == 0 ? l % bx : axis == 1 ? (l / bx) % block_[1] : l / bxy;
-            };
             const bool inAxis = axis < 3;
+            // offset + the lane's id along `axis`.
+            auto localIds = [&](uint32_t offset) {
+                const uint32_t *ids = localIds_.data() + size_t{axis} * n;
+                for (uint32_t l = 0; l < n; ++l)
+                    out[l] = offset + ids[l];
+            };
             switch (which) {
             case Builtin::LocalId:
-                for (uint32_t l = 0; l < n; ++l) out[l] = inAxis ? local(l) : 0;
+                if (inAxis)
+                    localIds(0);
+                else
+                    fill(0);
                 break;
-            case Builtin::GroupId: fill(inAxis ? context.workgroup[axis] : 0); break;
-            case Builtin::GlobalId: {
-                const uint32_t base = inAxis ? context.workgroup[axis] * block_[axis] : 0;
-                for (uint32_t l = 0; l < n; ++l) out[l] = inAxis ? base + local(l) : 0;
+            case Builtin::GroupId:
+                fill(inAxis ? context.workgroup[axis] : 0);
                 break;
-            }
-            case Builtin::GroupSize: fill(inAxis ? block_[axis] : 0); break;
-            case Builtin::GridSize: fill(inAxis ? context.grid[axis] : 0); break;
+            case Builtin::GlobalId:
+                if (inAxis)
+                    localIds(context.workgroup[axis] * block_[axis]);
+                else
+                    fill(0);
+                break;
+            case Builtin::GroupSize:
+                fill(inAxis ? block_[axis] : 0);
+                break;
+            case Builtin::GridSize:
+                fill(inAxis ? context.grid[axis] : 0);
+                break;
             case Builtin::LocalIndex:
-                for (uint32_t l = 0; l < n; ++l) out[l] = l;
+                for (uint32_t l = 0; l < n; ++l)
+                    out[l] = l;
                 break;
-            case Builtin::SubgroupSize: fill(1); break;
-            case Builtin::SubgroupLane: fill(0); break;
+            case Builtin::SubgroupSize:
+                fill(1);
+                break;
+            case Builtin::SubgroupLane:
+                fill(0);
+                break;
             }
             break;
         }
-        default: break;
+        default:
+            break;
         }
     }
 }
@@ -676,13 +1057,17 @@ void Interpreter::fillLeaves(const bp_host_kernel_context &context) {
 void Interpreter::recount(Mask &m) const {
     const uint32_t n = n_;
     const uint8_t *on = m.on;
-    uint32_t *lanes = m.lanes;
     uint32_t count = 0;
+    for (uint32_t l = 0; l < n; ++l)
+        count += on[l];
+    m.count = count;
+    if (count == n) return; // a full mask loops over all lanes, without the list
+    uint32_t *lanes = m.lanes;
+    count = 0;
     for (uint32_t l = 0; l < n; ++l) {
         lanes[count] = l;
         count += on[l];
     }
-    m.count = count;
 }
 
 void Interpreter::copyMask(const Mask &from, Mask &to) const {
@@ -696,7 +1081,8 @@ void Interpreter::refresh(Mask &m) const {
     const uint32_t n = n_;
     const uint8_t *dead = dead_.data();
     uint8_t *on = m.on;
-    for (uint32_t l = 0; l < n; ++l) on[l] = on[l] & (dead[l] == kAlive ? 1 : 0);
+    for (uint32_t l = 0; l < n; ++l)
+        on[l] = on[l] & (dead[l] == kAlive ? 1 : 0);
     recount(m);
 }
 
@@ -721,25 +1107,40 @@ void Interpreter::runBlock(uint32_t block, Mask &m, uint32_t freeLevel) {
     for (const Stmt &s : m_->blocks[block].stmts) {
         if (m.count == 0) return;
         switch (s.kind) {
-        case StmtKind::Let: let(s.node, m); break;
-        case StmtKind::Store: store(s, m); break;
+        case StmtKind::Let:
+            let(s.node, m);
+            break;
+        case StmtKind::Store:
+            store(s, m);
+            break;
         case StmtKind::DeclareVar: {
             uint32_t *out = var(s.target);
             const uint32_t *value = reg(s.value);
             each(m, [=](uint32_t l) { out[l] = value[l]; });
             break;
         }
-        case StmtKind::If: runIf(s, m, freeLevel); break;
-        case StmtKind::For: runFor(s, m, freeLevel); break;
-        case StmtKind::While: runWhile(s, m, freeLevel); break;
-        case StmtKind::Jump: jump(s.jump, m); return;
-        case StmtKind::Barrier: break; // every lane finished the statements before it
+        case StmtKind::If:
+            runIf(s, m, freeLevel);
+            break;
+        case StmtKind::For:
+            runFor(s, m, freeLevel);
+            break;
+        case StmtKind::While:
+            runWhile(s, m, freeLevel);
+            break;
+        case StmtKind::Jump:
+            jump(s.jump, m);
+            return;
+        case StmtKind::Barrier:
+            break; // every lane finished the statements before it
         }
     }
 }
 
 void Interpreter::jump(Jump kind, Mask &m) {
-    const uint8_t state = kind == Jump::Break ? kBroke : kind == Jump::Continue ? kContinued : kReturned;
+    const uint8_t state = kind == Jump::Break      ? kBroke
+                          : kind == Jump::Continue ? kContinued
+                                                   : kReturned;
     uint8_t *dead = dead_.data();
     each(m, [=](uint32_t l) { dead[l] = state; });
     std::memset(m.on, 0, n_);
@@ -765,26 +1166,30 @@ void Interpreter::runIf(const Stmt &s, Mask &m, uint32_t freeLevel) {
     const uint32_t n = n_;
     const uint8_t *on = m.on;
     uint8_t *thenOn = t.on, *elseOn = e.on;
-    for (uint32_t l = 0; l < n; ++l) {
-        const uint8_t c = condition[l] != 0 ? 1 : 0;
-        thenOn[l] = on[l] & c;
-        elseOn[l] = on[l] & (c ^ 1);
-    }
+    for (uint32_t l = 0; l < n; ++l)
+        thenOn[l] = on[l] & (condition[l] != 0 ? 1 : 0);
     recount(t);
-    if (s.other != kNone) recount(e);
+    if (s.other != kNone) {
+        for (uint32_t l = 0; l < n; ++l)
+            elseOn[l] = on[l] & (thenOn[l] ^ 1);
+        recount(e);
+    }
     if (t.count != 0) runBlock(s.body, t, freeLevel + 2);
     if (s.other != kNone && e.count != 0) runBlock(s.other, e, freeLevel + 2);
     if (hasJump_[s.body] || (s.other != kNone && hasJump_[s.other])) refresh(m);
 }
 
 template <bool Signed> bool indexBelow(uint32_t i, uint32_t end) {
-    if constexpr (Signed) return asInt(i) < asInt(end);
-    else return i < end;
+    if constexpr (Signed)
+        return asInt(i) < asInt(end);
+    else
+        return i < end;
 }
 
 template <bool Signed>
 void narrowLoop(uint8_t *on, const uint32_t *counter, const uint32_t *end, uint32_t n) {
-    for (uint32_t l = 0; l < n; ++l) on[l] = on[l] & (indexBelow<Signed>(counter[l], end[l]) ? 1 : 0);
+    for (uint32_t l = 0; l < n; ++l)
+        on[l] = on[l] & (indexBelow<Signed>(counter[l], end[l]) ? 1 : 0);
 }
 
 void Interpreter::runFor(const Stmt &s, Mask &m, uint32_t freeLevel) {
@@ -795,7 +1200,8 @@ void Interpreter::runFor(const Stmt &s, Mask &m, uint32_t freeLevel) {
     const bool jumps = hasJump_[s.body];
     std::memcpy(counter, begin, size_t{n} * sizeof(uint32_t));
     auto advance = [=] {
-        for (uint32_t l = 0; l < n; ++l) counter[l] += step[l]; // wraps like the GPU code
+        for (uint32_t l = 0; l < n; ++l)
+            counter[l] += step[l]; // wraps like the GPU code
     };
     if (uniform_[s.node] && !jumps) {
         // Every lane runs every iteration: the body runs under m itself.
@@ -810,8 +1216,10 @@ void Interpreter::runFor(const Stmt &s, Mask &m, uint32_t freeLevel) {
     Mask &loop = masks_[freeLevel], &iteration = masks_[freeLevel + 1];
     copyMask(m, loop);
     for (;;) {
-        if (isSigned) narrowLoop<true>(loop.on, counter, end, n);
-        else narrowLoop<false>(loop.on, counter, end, n);
+        if (isSigned)
+            narrowLoop<true>(loop.on, counter, end, n);
+        else
+            narrowLoop<false>(loop.on, counter, end, n);
         recount(loop);
         if (loop.count == 0) break;
         if (jumps) {
@@ -845,8 +1253,10 @@ void Interpreter::runWhile(const Stmt &s, Mask &m, uint32_t freeLevel) {
         }
         recount(iteration);
         if (iteration.count != 0) runBlock(s.body, iteration, freeLevel + 2);
-        if (jumps) settle(loop);
-        else recount(loop);
+        if (jumps)
+            settle(loop);
+        else
+            recount(loop);
         if (loop.count == 0) break;
     }
     if (hasReturn_[s.other] || hasReturn_[s.body]) refresh(m);
@@ -855,6 +1265,7 @@ void Interpreter::runWhile(const Stmt &s, Mask &m, uint32_t freeLevel) {
 // -- values --------------------------------------------------------------------------------------
 
 void Interpreter::let(uint32_t node, const Mask &m) {
+    if (kind_[node] != kRegister) return; // shares a register or reads memory in place
     const Node &n = m_->nodes[node];
     uint32_t *out = reg(node);
     switch (n.op) {
@@ -862,9 +1273,14 @@ void Interpreter::let(uint32_t node, const Mask &m) {
     case Op::Builtin:
     case Op::Scalar:
     case Op::Length:
-    case Op::LoopIndex: return; // filled once per workgroup (loop indices by their For)
-    case Op::Load: load(n, out, m); return;
-    case Op::Atomic: atomic(n, out, m); return;
+    case Op::LoopIndex:
+        return; // filled once per workgroup (loop indices by their For)
+    case Op::Load:
+        load(n, out, m);
+        return;
+    case Op::Atomic:
+        atomic(n, out, m);
+        return;
     case Op::SubgroupSum:
     case Op::SubgroupMin:
     case Op::SubgroupMax:
@@ -875,25 +1291,62 @@ void Interpreter::let(uint32_t node, const Mask &m) {
         each(m, [=](uint32_t l) { out[l] = a[l]; });
         return;
     }
-    case Op::Cast: cast(n, out, m); return;
-    default: arithmetic(n, out, m); return;
+    case Op::Cast:
+        cast(n, out, m);
+        return;
+    default:
+        arithmetic(n, out, m);
+        return;
     }
+}
+
+void Interpreter::divideByUniform(bool remainder, uint32_t *out, const uint32_t *a, uint32_t d,
+                                  const Mask &m) {
+    if (d == 0) {
+        each(m, [=](uint32_t l) { out[l] = 0; });
+        return;
+    }
+    const Divisor divisor(d);
+    const uint32_t multiplier = divisor.multiplier;
+    const int shift = divisor.shift;
+    if (divisor.power) {
+        if (remainder)
+            map1(m, out, a, [=](uint32_t x) { return x & (d - 1); });
+        else
+            map1(m, out, a, [=](uint32_t x) { return x >> shift; });
+        return;
+    }
+    auto quotient = [=](uint32_t x) {
+        const auto t = static_cast<uint32_t>((uint64_t{multiplier} * x) >> 32);
+        return (t + ((x - t) >> 1)) >> shift;
+    };
+    if (remainder)
+        map1(m, out, a, [=](uint32_t x) { return x - quotient(x) * d; });
+    else
+        map1(m, out, a, quotient);
 }
 
 void Interpreter::cast(const Node &node, uint32_t *out, const Mask &m) {
     const uint32_t *a = reg(node.a);
     const Type from = m_->nodes[node.a].type, to = node.type;
-    if (from == to || (from != Type::F32 && from != Type::Bool && to != Type::F32 && to != Type::Bool)) {
+    if (from == to ||
+        (from != Type::F32 && from != Type::Bool && to != Type::F32 && to != Type::Bool)) {
         map1(m, out, a, [](uint32_t x) { return x; }); // int <-> int keeps the bits
     } else if (to == Type::Bool) {
-        if (from == Type::F32) map1(m, out, a, [](uint32_t x) { return asFloat(x) != 0.0f ? 1u : 0u; });
-        else map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
+        if (from == Type::F32)
+            map1(m, out, a, [](uint32_t x) { return asFloat(x) != 0.0f ? 1u : 0u; });
+        else
+            map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
     } else if (from == Type::Bool) {
-        if (to == Type::F32) map1(m, out, a, [](uint32_t x) { return x != 0 ? 0x3f800000u : 0u; });
-        else map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
+        if (to == Type::F32)
+            map1(m, out, a, [](uint32_t x) { return x != 0 ? 0x3f800000u : 0u; });
+        else
+            map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
     } else if (from == Type::F32) {
-        if (to == Type::I32) map1(m, out, a, [](uint32_t x) { return floatToI32(x); });
-        else map1(m, out, a, [](uint32_t x) { return floatToU32(x); });
+        if (to == Type::I32)
+            map1(m, out, a, [](uint32_t x) { return floatToI32(x); });
+        else
+            map1(m, out, a, [](uint32_t x) { return floatToU32(x); });
     } else if (from == Type::I32) {
         map1(m, out, a, [](uint32_t x) { return bitsOf(static_cast<float>(asInt(x))); });
     } else {
@@ -907,34 +1360,65 @@ void Interpreter::arithmetic(const Node &node, uint32_t *out, const Mask &m) {
     const uint32_t *a = reg(node.a);
     const uint32_t *b = node.b != kNone ? reg(node.b) : nullptr;
     const uint32_t *c = node.c != kNone ? reg(node.c) : nullptr;
-    auto fmap1 = [&](auto fn) { map1(m, out, a, [=](uint32_t x) { return bitsOf(fn(asFloat(x))); }); };
+    auto fmap1 = [&](auto fn) {
+        map1(m, out, a, [=](uint32_t x) { return bitsOf(fn(asFloat(x))); });
+    };
     auto fmap2 = [&](auto fn) {
-        map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return bitsOf(fn(asFloat(x), asFloat(y))); });
+        map2(m, out, a, b,
+             [=](uint32_t x, uint32_t y) { return bitsOf(fn(asFloat(x), asFloat(y))); });
     };
     auto compare = [&](auto fn) {
-        if (f) map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return fn(asFloat(x), asFloat(y)) ? 1u : 0u; });
-        else if (s) map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return fn(asInt(x), asInt(y)) ? 1u : 0u; });
-        else map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return fn(x, y) ? 1u : 0u; });
+        if (f)
+            map2(m, out, a, b,
+                 [=](uint32_t x, uint32_t y) { return fn(asFloat(x), asFloat(y)) ? 1u : 0u; });
+        else if (s)
+            map2(m, out, a, b,
+                 [=](uint32_t x, uint32_t y) { return fn(asInt(x), asInt(y)) ? 1u : 0u; });
+        else
+            map2(m, out, a, b, [=](uint32_t x, uint32_t y) { return fn(x, y) ? 1u : 0u; });
     };
     switch (node.op) {
     case Op::Neg:
-        if (f) fmap1([](float x) { return -x; });
-        else map1(m, out, a, [](uint32_t x) { return 0u - x; });
+        if (f)
+            fmap1([](float x) { return -x; });
+        else
+            map1(m, out, a, [](uint32_t x) { return 0u - x; });
         return;
-    case Op::Not: map1(m, out, a, [](uint32_t x) { return x == 0 ? 1u : 0u; }); return;
-    case Op::BitNot: map1(m, out, a, [](uint32_t x) { return ~x; }); return;
+    case Op::Not:
+        map1(m, out, a, [](uint32_t x) { return x == 0 ? 1u : 0u; });
+        return;
+    case Op::BitNot:
+        map1(m, out, a, [](uint32_t x) { return ~x; });
+        return;
     case Op::Add:
-        if (f) fmap2([](float x, float y) { return x + y; });
-        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x + y; });
+        if (f)
+            fmap2([](float x, float y) { return x + y; });
+        else
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x + y; });
         return;
     case Op::Sub:
-        if (f) fmap2([](float x, float y) { return x - y; });
-        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x - y; });
+        if (f)
+            fmap2([](float x, float y) { return x - y; });
+        else
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x - y; });
         return;
     case Op::Mul:
-        if (f) fmap2([](float x, float y) { return x * y; });
-        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x * y; });
+        if (f)
+            fmap2([](float x, float y) { return x * y; });
+        else
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x * y; });
         return;
+    case Op::Div:
+    case Op::Rem:
+        if (t == Type::U32 && uniform_[node.b]) {
+            divideByUniform(node.op == Op::Rem, out, a, b[first(m)], m);
+            return;
+        }
+        break;
+    default:
+        break;
+    }
+    switch (node.op) {
     case Op::Div:
         if (f) {
             fmap2([](float x, float y) { return x / y; });
@@ -960,29 +1444,59 @@ void Interpreter::arithmetic(const Node &node, uint32_t *out, const Mask &m) {
         }
         return;
     case Op::Min:
-        if (f) fmap2([](float x, float y) { return std::fmin(x, y); });
-        else if (s) map2(m, out, a, b, [](uint32_t x, uint32_t y) { return asInt(x) < asInt(y) ? x : y; });
-        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return std::min(x, y); });
+        if (f)
+            fmap2([](float x, float y) { return std::fmin(x, y); });
+        else if (s)
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return asInt(x) < asInt(y) ? x : y; });
+        else
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return std::min(x, y); });
         return;
     case Op::Max:
-        if (f) fmap2([](float x, float y) { return std::fmax(x, y); });
-        else if (s) map2(m, out, a, b, [](uint32_t x, uint32_t y) { return asInt(x) > asInt(y) ? x : y; });
-        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return std::max(x, y); });
+        if (f)
+            fmap2([](float x, float y) { return std::fmax(x, y); });
+        else if (s)
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return asInt(x) > asInt(y) ? x : y; });
+        else
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return std::max(x, y); });
         return;
-    case Op::And: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x & y; }); return;
-    case Op::Or: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x | y; }); return;
-    case Op::Xor: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x ^ y; }); return;
-    case Op::Shl: map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x << (y & 31); }); return;
+    case Op::And:
+        map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x & y; });
+        return;
+    case Op::Or:
+        map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x | y; });
+        return;
+    case Op::Xor:
+        map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x ^ y; });
+        return;
+    case Op::Shl:
+        map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x << (y & 31); });
+        return;
     case Op::Shr:
-        if (s) map2(m, out, a, b, [](uint32_t x, uint32_t y) { return static_cast<uint32_t>(asInt(x) >> (y & 31)); });
-        else map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x >> (y & 31); });
+        if (s)
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) {
+                return static_cast<uint32_t>(asInt(x) >> (y & 31));
+            });
+        else
+            map2(m, out, a, b, [](uint32_t x, uint32_t y) { return x >> (y & 31); });
         return;
-    case Op::Eq: compare([](auto x, auto y) { return x == y; }); return;
-    case Op::Ne: compare([](auto x, auto y) { return x != y; }); return;
-    case Op::Lt: compare([](auto x, auto y) { return x < y; }); return;
-    case Op::Le: compare([](auto x, auto y) { return x <= y; }); return;
-    case Op::Gt: compare([](auto x, auto y) { return x > y; }); return;
-    case Op::Ge: compare([](auto x, auto y) { return x >= y; }); return;
+    case Op::Eq:
+        compare([](auto x, auto y) { return x == y; });
+        return;
+    case Op::Ne:
+        compare([](auto x, auto y) { return x != y; });
+        return;
+    case Op::Lt:
+        compare([](auto x, auto y) { return x < y; });
+        return;
+    case Op::Le:
+        compare([](auto x, auto y) { return x <= y; });
+        return;
+    case Op::Gt:
+        compare([](auto x, auto y) { return x > y; });
+        return;
+    case Op::Ge:
+        compare([](auto x, auto y) { return x >= y; });
+        return;
     case Op::Select:
         each(m, [=](uint32_t l) { out[l] = a[l] != 0 ? b[l] : c[l]; });
         return;
@@ -991,22 +1505,46 @@ void Interpreter::arithmetic(const Node &node, uint32_t *out, const Mask &m) {
             out[l] = bitsOf(std::fma(asFloat(a[l]), asFloat(b[l]), asFloat(c[l])));
         });
         return;
-    case Op::Pow: fmap2([](float x, float y) { return std::pow(x, y); }); return;
-    case Op::Abs:
-        if (f) fmap1([](float x) { return std::fabs(x); });
-        else if (s) map1(m, out, a, [](uint32_t x) { return asInt(x) < 0 ? 0u - x : x; });
-        else map1(m, out, a, [](uint32_t x) { return x; });
+    case Op::Pow:
+        fmap2([](float x, float y) { return std::pow(x, y); });
         return;
-    case Op::Sqrt: fmap1([](float x) { return std::sqrt(x); }); return;
-    case Op::Rsqrt: fmap1([](float x) { return 1.0f / std::sqrt(x); }); return;
-    case Op::Exp: fmap1([](float x) { return std::exp(x); }); return;
-    case Op::Log: fmap1([](float x) { return std::log(x); }); return;
-    case Op::Sin: fmap1([](float x) { return std::sin(x); }); return;
-    case Op::Cos: fmap1([](float x) { return std::cos(x); }); return;
-    case Op::Tanh: fmap1([](float x) { return std::tanh(x); }); return;
-    case Op::Floor: fmap1([](float x) { return std::floor(x); }); return;
-    case Op::Ceil: fmap1([](float x) { return std::ceil(x); }); return;
-    default: return; // plan() admits no other operation here
+    case Op::Abs:
+        if (f)
+            fmap1([](float x) { return std::fabs(x); });
+        else if (s)
+            map1(m, out, a, [](uint32_t x) { return asInt(x) < 0 ? 0u - x : x; });
+        else
+            map1(m, out, a, [](uint32_t x) { return x; });
+        return;
+    case Op::Sqrt:
+        fmap1([](float x) { return std::sqrt(x); });
+        return;
+    case Op::Rsqrt:
+        fmap1([](float x) { return 1.0f / std::sqrt(x); });
+        return;
+    case Op::Exp:
+        fmap1([](float x) { return std::exp(x); });
+        return;
+    case Op::Log:
+        fmap1([](float x) { return std::log(x); });
+        return;
+    case Op::Sin:
+        fmap1([](float x) { return std::sin(x); });
+        return;
+    case Op::Cos:
+        fmap1([](float x) { return std::cos(x); });
+        return;
+    case Op::Tanh:
+        fmap1([](float x) { return std::tanh(x); });
+        return;
+    case Op::Floor:
+        fmap1([](float x) { return std::floor(x); });
+        return;
+    case Op::Ceil:
+        fmap1([](float x) { return std::ceil(x); });
+        return;
+    default:
+        return; // plan() admits no other operation here
     }
 }
 
@@ -1036,34 +1574,90 @@ void Interpreter::load(const Node &node, uint32_t *out, const Mask &m) {
             each(m, [=](uint32_t l) { out[l] = row[l]; });
             return;
         }
+        // Branch-free (an out-of-range lane reads element 0, then gets 0): the loop becomes
+        // gathers. Arrays have at least one element (plan()).
         each(m, [=](uint32_t l) {
             const uint32_t i = index[l];
-            out[l] = i < length ? base[size_t{i} * n + l] : 0;
+            const uint32_t value = base[(i < length ? i : 0) * n + l];
+            out[l] = i < length ? value : 0;
         });
         return;
     }
     case Space::Shared: {
         const uint32_t *base = shared_.data() + sharedOffset_[node.imm];
         const uint32_t length = m_->arrays[node.imm].length;
+        if (byRows(m, node.a)) {
+            const uint32_t width = block_[0];
+            const bool contiguous = xStep_[node.a] == 1;
+            eachRow(index, [=](uint32_t start, uint32_t i) {
+                if (!contiguous) {
+                    std::fill_n(out + start, width, i < length ? base[i] : 0);
+                } else if (i < length && length - i >= width) {
+                    copyRow(out + start, base + i, width);
+                } else {
+                    for (uint32_t x = 0; x < width; ++x)
+                        out[start + x] = i + x < length ? base[i + x] : 0;
+                }
+            });
+            return;
+        }
         each(m, [=](uint32_t l) {
             const uint32_t i = index[l];
-            out[l] = i < length ? base[i] : 0;
+            const uint32_t value = base[i < length ? i : 0];
+            out[l] = i < length ? value : 0;
         });
         return;
     }
     case Space::Buffer: {
         const BufferView view = buffers_[node.imm];
+        if (view.length == 0) {
+            each(m, [=](uint32_t l) { out[l] = 0; });
+            return;
+        }
+        // The last valid index: a buffer of 2^32 elements or more takes every u32 index.
+        const auto last = static_cast<uint32_t>(std::min<uint64_t>(view.length - 1, UINT32_MAX));
+        if (byRows(m, node.a)) {
+            const unsigned char *data = view.data;
+            const uint32_t width = block_[0];
+            const bool contiguous = xStep_[node.a] == 1;
+            eachRow(index, [=](uint32_t start, uint32_t i) {
+                if (!contiguous) {
+                    uint32_t value = 0;
+                    if (i <= last) std::memcpy(&value, data + size_t{i} * 4, sizeof value);
+                    std::fill_n(out + start, width, value);
+                } else if (i <= last && last - i >= width - 1) {
+                    copyRow(out + start, data + size_t{i} * 4, width);
+                } else {
+                    for (uint32_t x = 0; x < width; ++x) {
+                        uint32_t value = 0;
+                        if (i + x <= last && i + x >= i)
+                            std::memcpy(&value, data + size_t{i + x} * 4, sizeof value);
+                        out[start + x] = value;
+                    }
+                }
+            });
+            return;
+        }
+        if (view.aligned) {
+            const auto *words = reinterpret_cast<const uint32_t *>(view.data);
+            each(m, [=](uint32_t l) {
+                const uint32_t i = index[l];
+                const uint32_t value = words[i <= last ? i : 0];
+                out[l] = i <= last ? value : 0;
+            });
+            return;
+        }
         const unsigned char *data = view.data;
-        const uint64_t length = view.length;
         each(m, [=](uint32_t l) {
             const uint32_t i = index[l];
             uint32_t value = 0;
-            if (i < length) std::memcpy(&value, data + size_t{i} * 4, sizeof value);
+            if (i <= last) std::memcpy(&value, data + size_t{i} * 4, sizeof value);
             out[l] = value;
         });
         return;
     }
-    case Space::Var: return;
+    case Space::Var:
+        return;
     }
 }
 
@@ -1097,6 +1691,18 @@ void Interpreter::store(const Stmt &s, const Mask &m) {
         // Lanes store in order: where several write one element, the highest lane's value stays.
         uint32_t *base = shared_.data() + sharedOffset_[s.target];
         const uint32_t length = m_->arrays[s.target].length;
+        if (byRows(m, s.index) && xStep_[s.index] == 1) {
+            const uint32_t width = block_[0];
+            eachRow(index, [=](uint32_t start, uint32_t i) {
+                if (i < length && length - i >= width) {
+                    copyRow(base + i, value + start, width);
+                } else {
+                    for (uint32_t x = 0; x < width; ++x)
+                        if (i + x < length) base[i + x] = value[start + x];
+                }
+            });
+            return;
+        }
         each(m, [=](uint32_t l) {
             const uint32_t i = index[l];
             if (i < length) base[i] = value[l];
@@ -1107,13 +1713,28 @@ void Interpreter::store(const Stmt &s, const Mask &m) {
         const BufferView view = buffers_[s.target];
         unsigned char *data = view.data;
         const uint64_t length = view.length;
+        if (length != 0 && byRows(m, s.index) && xStep_[s.index] == 1) {
+            const auto last = static_cast<uint32_t>(std::min<uint64_t>(length - 1, UINT32_MAX));
+            const uint32_t width = block_[0];
+            eachRow(index, [=](uint32_t start, uint32_t i) {
+                if (i <= last && last - i >= width - 1) {
+                    copyRow(data + size_t{i} * 4, value + start, width);
+                } else {
+                    for (uint32_t x = 0; x < width; ++x)
+                        if (i + x <= last && i + x >= i)
+                            std::memcpy(data + size_t{i + x} * 4, &value[start + x], 4);
+                }
+            });
+            return;
+        }
         each(m, [=](uint32_t l) {
             const uint32_t i = index[l];
             if (i < length) std::memcpy(data + size_t{i} * 4, &value[l], sizeof(uint32_t));
         });
         return;
     }
-    case Space::Var: return;
+    case Space::Var:
+        return;
     }
 }
 
@@ -1125,9 +1746,9 @@ void Interpreter::atomic(const Node &node, uint32_t *out, const Mask &m) {
         const BufferView view = buffers_[node.imm];
         each(m, [&](uint32_t l) {
             const uint32_t i = index[l];
-            out[l] = i < view.length
-                         ? atomicOnBuffer(view.data + size_t{i} * 4, view.aligned, op, isSigned, value[l])
-                         : 0;
+            out[l] = i < view.length ? atomicOnBuffer(view.data + size_t{i} * 4, view.aligned, op,
+                                                      isSigned, value[l])
+                                     : 0;
         });
         return;
     }
@@ -1150,11 +1771,17 @@ void Interpreter::atomic(const Node &node, uint32_t *out, const Mask &m) {
 
 void Interpreter::run(const Module &module, const bp_host_kernel_context &context) {
     m_ = &module;
-    for (int d = 0; d < 3; ++d) block_[d] = context.block[d];
+    for (int d = 0; d < 3; ++d)
+        block_[d] = context.block[d];
     const uint64_t lanes = uint64_t{block_[0]} * block_[1] * block_[2];
     if (lanes == 0 || lanes > kMaxLanes) return;
     n_ = static_cast<uint32_t>(lanes);
-    if (!plan()) return;
+    sign(module);
+    if (signature_ != plannedSignature_) {
+        plannedSignature_.clear();
+        if (!plan()) return;
+        std::swap(signature_, plannedSignature_);
+    }
     if (!prepare(context)) return;
     Mask &all = masks_[0];
     std::memset(all.on, 1, n_);

@@ -1,0 +1,380 @@
+// `backplane bench kernels`: the portable kernels (backplane/kernels.hpp) against hand-written
+// ones.
+//
+// Per device present (or the one --device selects):
+// - GPU devices (CUDA, HIP, Vulkan): the portable tiled matmul against the hand-written CUDA/GLSL
+//   kernel with the same tile sizes (TILE, WPT; depth 16 = the hand-written BK), both outputs
+//   compared;
+// - every device: the autotuner choosing the portable matmul's tile sizes (a fresh cache in a
+//   temporary directory), its winner against the fastest hand-written kernel measured;
+// - host devices: the interpreted portable matmul and saxpy against native host functions.
+// Rows in GFLOP/s or GB/s have ratio = portable / hand-written speed (>= 1: portable faster); rows
+// in ms have ratio = portable / hand-written time (<= 1: portable faster).
+#include "bench.hpp"
+#include "demo_matmul.hpp"
+
+#include <backplane/cache.hpp>
+#include <backplane/client.hpp>
+#include <backplane/error.hpp>
+#include <backplane/kernels.hpp>
+#include <backplane/runtime.hpp>
+#include <backplane/tune.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace backplane::tool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// A temporary cache directory for the tuner, removed at scope exit ("" when none could be made:
+/// the tuner then keeps its decision in memory).
+struct TempCache {
+    std::filesystem::path path;
+    TempCache() {
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / "bp-bench-kernels-XXXXXX").string();
+        if (::mkdtemp(pattern.data()) != nullptr) path = pattern;
+    }
+    ~TempCache() {
+        std::error_code ec;
+        if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+    TempCache(const TempCache &) = delete;
+    TempCache &operator=(const TempCache &) = delete;
+};
+
+/// Deterministic values in [-1, 1).
+std::vector<float> benchInput(size_t count, uint32_t seed) {
+    std::vector<float> values(count);
+    for (float &v : values) {
+        seed = seed * 1664525u + 1013904223u;
+        v = static_cast<float>(seed >> 8) / static_cast<float>(1u << 23) - 1.0f;
+    }
+    return values;
+}
+
+/// The median time in ms of each run: `warmups` untimed rounds (compile, caches), then `samples`
+/// timed rounds, round robin so that drifts of a shared machine hit every run alike. Timed with
+/// the client's profiling tokens (device timestamps where the device has them).
+std::vector<double> medianMs(ComputeClient &client, const std::vector<std::function<void()>> &runs,
+                             int warmups, int samples) {
+    for (int w = 0; w < warmups; ++w)
+        for (const auto &run : runs) {
+            run();
+            client.sync();
+        }
+    tune::ClientTimer timer(client);
+    std::vector<std::vector<double>> times(runs.size());
+    for (int s = 0; s < samples; ++s)
+        for (size_t i = 0; i < runs.size(); ++i)
+            times[i].push_back(
+                std::chrono::duration<double, std::milli>(timer.time(runs[i])).count());
+    std::vector<double> medians;
+    for (std::vector<double> &t : times) {
+        std::sort(t.begin(), t.end());
+        medians.push_back(t[t.size() / 2]);
+    }
+    return medians;
+}
+
+/// Timed samples per run: few where a GPU-style device runs on the CPU (lavapipe: a 512^3 matmul
+/// takes a few hundred ms), more elsewhere (milliseconds per run).
+int sampleCount(const DeviceInfo &info, const BenchOptions &options) {
+    if (info.type == DeviceType::Cpu && !info.accepts(Dialect::Host)) return options.quick ? 3 : 5;
+    return options.quick ? 7 : 20;
+}
+
+double gflops(uint32_t size, double ms) { return 2.0 * double(size) * size * size / (ms * 1e6); }
+
+/// A square problem with its C buffers, one per side of a comparison.
+struct SquareProblem {
+    MatmulProblem problem;
+    Buffer portableC, handC;
+
+    SquareProblem(ComputeClient &client, uint32_t size) {
+        problem = {&client,
+                   client.createFrom<float>(benchInput(size_t(size) * size, 1)),
+                   client.createFrom<float>(benchInput(size_t(size) * size, 2)),
+                   size,
+                   size,
+                   size};
+        portableC = client.empty(uint64_t(size) * size * sizeof(float));
+        handC = client.empty(uint64_t(size) * size * sizeof(float));
+    }
+    /// compareMatmul of the two C buffers as the last runs left them ("" when they agree).
+    std::string compare() const {
+        ComputeClient &c = *problem.client;
+        return compareMatmul(c.readAs<float>(portableC), c.readAs<float>(handC), problem.n,
+                             problem.k);
+    }
+};
+
+/// The target column of a comparison whose outputs differ.
+const char *checked(const std::string &mismatch) {
+    return mismatch.empty() ? "" : "OUTPUTS DIFFER";
+}
+
+/// One comparison as two rows: times (ms) and speeds (GFLOP/s).
+void matmulRows(BenchRows &rows, const std::string &device, const std::string &what, uint32_t size,
+                double portableMs, double handMs, const std::string &mismatch,
+                const std::string &speedTarget) {
+    const std::string cube = "matmul " + std::to_string(size) + "^3 ";
+    rows.push_back({"kernels", device, cube + what, portableMs, handMs, "ms", checked(mismatch)});
+    rows.push_back({"kernels", device, cube + what, gflops(size, portableMs), gflops(size, handMs),
+                    "GFLOP/s", mismatch.empty() ? speedTarget : "OUTPUTS DIFFER"});
+}
+
+/// The hand-written kernel that the portable one is measured against.
+struct Baseline {
+    std::string name;
+    double ms = std::numeric_limits<double>::infinity();
+};
+
+/// Portable vs hand-written tiled matmul with the same tiles, on a GPU device. Returns the
+/// fastest hand-written kernel measured (the autotuner's baseline).
+Baseline gpuTiles(ComputeClient &client, const std::string &device, uint32_t size,
+                  const BenchOptions &options, BenchRows &rows) {
+    const SquareProblem p(client, size);
+    const bool cpu = client.device().type == DeviceType::Cpu;
+    const int samples = sampleCount(client.device(), options);
+    Baseline best;
+    for (const kernels::MatmulTiles &tiles :
+         std::vector<kernels::MatmulTiles>{{32, 2, 16}, {64, 4, 16}}) {
+        const MatmulCandidate portable = portableMatmulCandidate(tiles);
+        const MatmulCandidate hand = handWrittenTiledCandidate(tiles.tile, tiles.perThread);
+        if (!fitsDevice(portable, client.device()) || !fitsDevice(hand, client.device())) {
+            std::fprintf(stderr, "bench kernels: %s: tiles %s do not fit the device, skipped\n",
+                         device.c_str(), portable.name.c_str());
+            continue;
+        }
+        const std::vector<double> ms = medianMs(client,
+                                                {[&] { portable.launch(p.problem, p.portableC); },
+                                                 [&] { hand.launch(p.problem, p.handC); }},
+                                                cpu ? 1 : 3, samples);
+        const std::string mismatch = p.compare();
+        if (!mismatch.empty())
+            std::fprintf(stderr, "bench kernels: %s: portable %s and hand-written %s differ: %s\n",
+                         device.c_str(), portable.name.c_str(), hand.name.c_str(),
+                         mismatch.c_str());
+        matmulRows(rows, device, "portable " + portable.name + " vs hand-written " + hand.name,
+                   size, ms[0], ms[1], mismatch, ">= 0.95x");
+        if (ms[1] < best.ms) best = {hand.name, ms[1]};
+    }
+    return best;
+}
+
+// The conformance suite's native host saxpy (tools/backplane/conformance/kernels.cpp): one call
+// per workgroup of block[0] elements.
+struct SaxpyScalars {
+    float a;
+    uint32_t n;
+};
+
+void saxpyHost(const bp_host_kernel_context *c) {
+    const auto *s = static_cast<const SaxpyScalars *>(c->scalars);
+    const auto *x = static_cast<const float *>(c->buffers[0]);
+    auto *y = static_cast<float *>(c->buffers[1]);
+    for (uint32_t t = 0; t < c->block[0]; ++t) {
+        const uint32_t i = c->workgroup[0] * c->block[0] + t;
+        if (i < s->n) y[i] = s->a * x[i] + y[i];
+    }
+}
+
+/// The fastest hand-written host matmul at `size`^3 (every native function is timed).
+Baseline hostBaseline(ComputeClient &client, uint32_t size, const BenchOptions &options) {
+    const std::vector<MatmulCandidate> hand = handWrittenMatmulCandidates(client.device());
+    const SquareProblem p(client, size);
+    std::vector<std::function<void()>> runs;
+    for (const MatmulCandidate &c : hand)
+        runs.push_back([&] { c.launch(p.problem, p.handC); });
+    const std::vector<double> ms = medianMs(client, runs, 1, sampleCount(client.device(), options));
+    Baseline best;
+    for (size_t i = 0; i < hand.size(); ++i)
+        if (ms[i] < best.ms) best = {hand[i].name, ms[i]};
+    return best;
+}
+
+/// Interpreted portable saxpy vs the native host function, 1M elements.
+void hostSaxpy(ComputeClient &client, const std::string &device, const BenchOptions &options,
+               BenchRows &rows) {
+    const uint32_t n = 1u << 20, block = 256;
+    const float a = 1.5f;
+    const std::vector<float> x = benchInput(n, 3), y = benchInput(n, 4);
+    const Buffer bx = client.createFrom<float>(x);
+    const Buffer portableY = client.createFrom<float>(y), handY = client.createFrom<float>(y);
+    const lang::Kernel portable = kernels::saxpy();
+    const KernelSource hand{"bench-saxpy-host", {KernelVariant::host(&saxpyHost, "saxpy")}};
+    auto dispatch = [&](const Buffer &target) {
+        Dispatch d;
+        d.block = {block, 1, 1};
+        d.grid = {(n + block - 1) / block, 1, 1};
+        d.bindings = {bx, target};
+        d.scalar(SaxpyScalars{a, n});
+        return d;
+    };
+    const Dispatch portableLaunch = dispatch(portableY), handLaunch = dispatch(handY);
+    const int warmups = 1, samples = sampleCount(client.device(), options);
+    const std::vector<double> ms = medianMs(client,
+                                            {[&] { client.execute(portable, portableLaunch); },
+                                             [&] { client.execute(hand, handLaunch); }},
+                                            warmups, samples);
+    // The check: one launch of each on fresh copies of y (fused or not: the native function
+    // rounds twice, so they may differ in the last bit).
+    const Buffer checkPortable = client.createFrom<float>(y),
+                 checkHand = client.createFrom<float>(y);
+    client.execute(portable, dispatch(checkPortable));
+    client.execute(hand, dispatch(checkHand));
+    const std::vector<float> gotPortable = client.readAs<float>(checkPortable);
+    const std::vector<float> gotHand = client.readAs<float>(checkHand);
+    size_t wrong = 0;
+    for (uint32_t i = 0; i < n; ++i)
+        wrong +=
+            !(std::fabs(gotPortable[i] - gotHand[i]) <= 1e-6f * (std::fabs(gotHand[i]) + 1.0f));
+    const std::string mismatch =
+        wrong == 0 ? "" : std::to_string(wrong) + " of " + std::to_string(n) + " elements differ";
+    if (!mismatch.empty())
+        std::fprintf(stderr, "bench kernels: %s: saxpy outputs differ: %s\n", device.c_str(),
+                     mismatch.c_str());
+    const std::string what = "saxpy 1M portable (interpreted) vs native host function";
+    rows.push_back({"kernels", device, what, ms[0], ms[1], "ms", checked(mismatch)});
+    // 12 bytes per element: x and y read, y written.
+    const double bytes = 12.0 * n;
+    rows.push_back({"kernels", device, what, bytes / (ms[0] * 1e6), bytes / (ms[1] * 1e6), "GB/s",
+                    checked(mismatch)});
+}
+
+/// The autotuner on the portable candidates (a fresh cache directory), then its winner against
+/// `baseline`.
+void tunedMatmul(ComputeClient &client, const std::string &device, uint32_t size,
+                 const Baseline &baseline, const BenchOptions &options, BenchRows &rows) {
+    const MatmulSet set = matmulTunable(client.device());
+    const SquareProblem p(client, size);
+    TempCache cache;
+    CacheStore store(cache.path);
+    tune::Tuner::Options o;
+    o.level = TuneLevel::Balanced;
+    o.store = &store;
+    o.device = deviceFingerprint(client.device());
+    o.timer = std::make_shared<tune::ClientTimer>(client);
+    o.progress = false;
+    if (options.quick) {
+        // Fewer samples per candidate: the ranking of tile sets is seldom close.
+        tune::BenchPolicy policy = tune::BenchPolicy::forLevel(TuneLevel::Balanced);
+        policy.minSamples = 2;
+        policy.maxSamples = 3;
+        o.policy = policy;
+    }
+    tune::Tuner tuner(o);
+    const auto start = Clock::now();
+    (void)tuner.execute(set, p.problem);
+    client.sync();
+    const double tuningS = secondsSince(start);
+    const auto record = tuner.lookup(set.info(), set.key(p.problem, o.level));
+    if (!record) {
+        std::fprintf(stderr, "bench kernels: %s: the tuner recorded no decision\n", device.c_str());
+        return;
+    }
+    std::string ranking;
+    for (const std::string &name : record->ranking)
+        ranking += (ranking.empty() ? "" : " > ") + name;
+    std::fprintf(stderr,
+                 "bench kernels: %s: autotuned %zu portable candidates at %u^3 in %.1f s "
+                 "(%llu runs): winner %s; ranking %s\n",
+                 device.c_str(), set.size(), size, tuningS,
+                 static_cast<unsigned long long>(tuner.counters().benchmarkRuns),
+                 record->winner.c_str(), ranking.c_str());
+
+    // The winner's kernel alone (launched into a C allocated once, like the baseline), in the same
+    // rounds as the baseline when there is one, so both see the same machine.
+    std::optional<MatmulCandidate> winner, hand;
+    for (MatmulCandidate &c : matmulCandidates(client.device()))
+        if (c.name == record->winner) winner = std::move(c);
+    for (MatmulCandidate &c : handWrittenMatmulCandidates(client.device()))
+        if (c.name == baseline.name) hand = std::move(c);
+    if (!winner) {
+        std::fprintf(stderr, "bench kernels: %s: the winner %s is not a candidate\n",
+                     device.c_str(), record->winner.c_str());
+        return;
+    }
+    std::vector<std::function<void()>> runs = {[&] { winner->launch(p.problem, p.portableC); }};
+    if (hand) runs.push_back([&] { hand->launch(p.problem, p.handC); });
+    const std::vector<double> ms = medianMs(client, runs, 1, sampleCount(client.device(), options));
+    if (!hand) {
+        rows.push_back({"kernels", device,
+                        "matmul " + std::to_string(size) + "^3 autotuned portable " +
+                            record->winner + " (no hand-written baseline)",
+                        ms[0], 0, "ms", ""});
+        return;
+    }
+    const std::string mismatch = p.compare();
+    if (!mismatch.empty())
+        std::fprintf(stderr, "bench kernels: %s: autotuned %s and %s differ: %s\n", device.c_str(),
+                     record->winner.c_str(), hand->name.c_str(), mismatch.c_str());
+    matmulRows(rows, device, "tuned " + record->winner + " vs best hand " + hand->name, size, ms[0],
+               ms[1], mismatch, "");
+}
+
+void benchDevice(ComputeClient &client, const BenchOptions &options, BenchRows &rows) {
+    const DeviceInfo &info = client.device();
+    const std::string device = info.id() + " " + info.name;
+    const auto start = Clock::now();
+    if (info.accepts(Dialect::Host)) {
+        const uint32_t size = 256;
+        const Baseline baseline = hostBaseline(client, size, options);
+        tunedMatmul(client, device, size, baseline, options, rows);
+        hostSaxpy(client, device, options, rows);
+    } else {
+        // CPU-type Vulkan devices (lavapipe) run the GPU comparison at 512^3.
+        const uint32_t size = options.quick || info.type == DeviceType::Cpu ? 512 : 2048;
+        const Baseline baseline = gpuTiles(client, device, size, options, rows);
+        tunedMatmul(client, device, size, baseline, options, rows);
+    }
+    std::fprintf(stderr, "bench kernels: %s done in %.1f s\n", device.c_str(), secondsSince(start));
+}
+
+} // namespace
+
+void benchKernels(const BenchOptions &options, BenchRows &rows) {
+    std::optional<Runtime> runtime;
+    std::vector<DeviceInfo> targets;
+    try {
+        runtime.emplace();
+        if (!options.device.empty()) {
+            targets.push_back(runtime->select(options.device).device);
+        } else {
+            // Every route: the same GPU through cuda and vulkan is measured once per plugin.
+            for (const PhysicalDevice &physical : runtime->devices())
+                for (const DeviceInfo &route : physical.routes)
+                    targets.push_back(route);
+        }
+    } catch (const Error &e) {
+        std::fprintf(stderr, "bench kernels: no device: %s\n", e.what());
+        return;
+    }
+    for (const DeviceInfo &target : targets) {
+        try {
+            ComputeClient client = runtime->open(Selection{target, "bench kernels", {}});
+            benchDevice(client, options, rows);
+        } catch (const Error &e) {
+            std::fprintf(stderr, "bench kernels: %s skipped: %s\n", target.id().c_str(), e.what());
+        }
+    }
+}
+
+} // namespace backplane::tool

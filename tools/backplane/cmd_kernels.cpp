@@ -1,0 +1,219 @@
+// `backplane kernels dump [--dialect D] [NAME...]`: the portable kernels' signatures and sources.
+#include "commands.hpp"
+#include "demo_matmul.hpp"
+
+#include <backplane/error.hpp>
+#include <backplane/kernels.hpp>
+#include <backplane/lang.hpp>
+
+#include <cstdio>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace backplane::tool {
+namespace {
+
+constexpr const char *kUsage =
+    "usage: backplane kernels dump [--dialect cuda|hip|glsl|host|all] [NAME...]\n"
+    "  no NAME: list the library kernels (backplane/kernels.hpp) with their signatures\n"
+    "  NAME:    print its generated source in the dialect (default: all, each under a header)\n"
+    "  names:   saxpy, reduce_sum_<i32|u32|f32>_<block>, inclusive_scan_<i32|u32|f32>_<block>\n"
+    "           (block a power of two up to 1024), matmul_t<tile>_w<perThread>_k<depth>\n";
+
+int usage() {
+    std::fputs(kUsage, stderr);
+    return 2;
+}
+
+struct NamedDialect {
+    const char *name;
+    Dialect dialect;
+};
+constexpr NamedDialect kDialects[] = {{"cuda", Dialect::Cuda},
+                                      {"hip", Dialect::Hip},
+                                      {"glsl", Dialect::Glsl},
+                                      {"host", Dialect::Host}};
+
+/// The kernels listed when no name is given: every kernel of backplane/kernels.hpp at the sizes
+/// the tools use (the demo's reduction, the tuner's matmul tile sets).
+std::vector<std::string> libraryNames() {
+    std::vector<std::string> names = {"saxpy"};
+    for (const char *type : {"i32", "u32", "f32"})
+        names.push_back(std::string("reduce_sum_") + type + "_256");
+    for (const char *type : {"i32", "u32", "f32"})
+        names.push_back(std::string("inclusive_scan_") + type + "_256");
+    for (const kernels::MatmulTiles &tiles : portableMatmulTiles())
+        names.push_back(tiles.name());
+    return names;
+}
+
+template <template <class> class Make>
+std::optional<lang::Kernel> typed(const std::string &type, uint32_t block) {
+    if (type == "i32") return Make<int32_t>{}(block);
+    if (type == "u32") return Make<uint32_t>{}(block);
+    return Make<float>{}(block);
+}
+template <class T> struct MakeReduce {
+    lang::Kernel operator()(uint32_t block) const { return kernels::reduceSum<T>(block); }
+};
+template <class T> struct MakeScan {
+    lang::Kernel operator()(uint32_t block) const { return kernels::inclusiveScan<T>(block); }
+};
+
+/// The library kernel called `name`, or nothing (with the reason in `why`) for a name that is not
+/// one or sizes the kernel does not support.
+std::optional<lang::Kernel> kernelNamed(const std::string &name, std::string &why) {
+    if (name == "saxpy") return kernels::saxpy();
+    std::smatch m;
+    static const std::regex typedName(R"((reduce_sum|inclusive_scan)_(i32|u32|f32)_([0-9]{1,5}))");
+    static const std::regex matmulName(R"(matmul_t([0-9]{1,4})_w([0-9]{1,4})_k([0-9]{1,4}))");
+    if (std::regex_match(name, m, typedName)) {
+        const uint32_t block = static_cast<uint32_t>(std::stoul(m[3]));
+        if (block == 0 || block > 1024 || (block & (block - 1)) != 0) {
+            why = "the block size must be a power of two from 1 to 1024";
+            return std::nullopt;
+        }
+        if (m[1] == "reduce_sum") return typed<MakeReduce>(m[2], block);
+        return typed<MakeScan>(m[2], block);
+    }
+    if (std::regex_match(name, m, matmulName)) {
+        kernels::MatmulTiles tiles;
+        tiles.tile = static_cast<uint32_t>(std::stoul(m[1]));
+        tiles.perThread = static_cast<uint32_t>(std::stoul(m[2]));
+        tiles.depth = static_cast<uint32_t>(std::stoul(m[3]));
+        if (tiles.tile == 0 || tiles.perThread == 0 || tiles.depth == 0 ||
+            tiles.tile % tiles.perThread != 0 || tiles.tile > 256 || tiles.depth > 256 ||
+            tiles.perThread > 16) {
+            why = "tile, perThread and depth must be positive, tile a multiple of perThread, "
+                  "tile and depth at most 256, perThread at most 16";
+            return std::nullopt;
+        }
+        return kernels::matmul(tiles);
+    }
+    why = "not a library kernel";
+    return std::nullopt;
+}
+
+/// "bindings: f32 read, f32 read-write; scalars: f32, u32", read from the IR listing's header
+/// (the lines "  binding N: TYPE ACCESS" and "  scalar N: TYPE").
+std::string signatureOf(const lang::Kernel &kernel) {
+    std::istringstream listing(kernel.text(Dialect::Host));
+    std::string line, bindings, scalars;
+    while (std::getline(listing, line)) {
+        for (const auto &[prefix, list] :
+             {std::pair<const char *, std::string *>{"  binding ", &bindings},
+              {"  scalar ", &scalars}}) {
+            if (line.rfind(prefix, 0) != 0) continue;
+            const size_t colon = line.find(": ");
+            if (colon == std::string::npos) continue;
+            *list += (list->empty() ? "" : ", ") + line.substr(colon + 2);
+        }
+    }
+    return "bindings: " + (bindings.empty() ? std::string("none") : bindings) +
+           "; scalars: " + (scalars.empty() ? std::string("none") : scalars);
+}
+
+const KernelVariant *variantOf(const lang::Kernel &kernel, Dialect dialect) {
+    for (const KernelVariant &v : kernel.source().variants)
+        if (v.dialect == dialect) return &v;
+    return nullptr;
+}
+
+int list() {
+    std::printf("%-26s %s\n", "NAME", "SIGNATURE");
+    for (const std::string &name : libraryNames()) {
+        std::string why;
+        const std::optional<lang::Kernel> kernel = kernelNamed(name, why);
+        if (kernel) std::printf("%-26s %s\n", name.c_str(), signatureOf(*kernel).c_str());
+    }
+    std::printf("\nOther sizes: reduce_sum_<type>_<block>, inclusive_scan_<type>_<block>, "
+                "matmul_t<tile>_w<perThread>_k<depth>.\n"
+                "Sources: backplane kernels dump [--dialect cuda|hip|glsl|host|all] NAME...\n");
+    return 0;
+}
+
+int dump(const Args &args) {
+    std::vector<Dialect> dialects;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < args.size(); ++i) {
+        if (args[i] == "--dialect") {
+            if (i + 1 >= args.size()) return usage();
+            const std::string wanted = args[++i];
+            dialects.clear();
+            for (const NamedDialect &d : kDialects)
+                if (wanted == "all" || wanted == d.name) dialects.push_back(d.dialect);
+            if (dialects.empty()) {
+                std::fprintf(stderr,
+                             "backplane kernels dump: unknown dialect '%s' (cuda, hip, glsl, host "
+                             "or all)\n",
+                             wanted.c_str());
+                return 2;
+            }
+        } else if (!args[i].empty() && args[i][0] == '-') {
+            return usage();
+        } else {
+            names.push_back(args[i]);
+        }
+    }
+    if (names.empty()) return list();
+    if (dialects.empty())
+        for (const NamedDialect &d : kDialects)
+            dialects.push_back(d.dialect);
+
+    // Every name is checked before anything is printed, so an error leaves no partial output.
+    std::vector<lang::Kernel> found;
+    for (const std::string &name : names) {
+        std::string why;
+        std::optional<lang::Kernel> kernel;
+        try {
+            kernel = kernelNamed(name, why);
+        } catch (const Error &e) {
+            why = e.what();
+        }
+        if (!kernel) {
+            std::fprintf(stderr,
+                         "backplane kernels dump: kernel '%s': %s (run `backplane kernels "
+                         "dump` for the list)\n",
+                         name.c_str(), why.c_str());
+            return 2;
+        }
+        found.push_back(std::move(*kernel));
+    }
+    for (size_t k = 0; k < found.size(); ++k) {
+        for (const Dialect dialect : dialects) {
+            const char *dialectName = "";
+            for (const NamedDialect &d : kDialects)
+                if (d.dialect == dialect) dialectName = d.name;
+            std::string header = "==== " + names[k] + ": " + dialectName;
+            if (dialect == Dialect::Host) {
+                header += " (the IR listing the host interpreter runs)";
+            } else if (const KernelVariant *v = variantOf(found[k], dialect)) {
+                header += " (entry point " + v->entryPoint;
+                for (const std::string &option : v->options)
+                    header += ", option " + option;
+                header += ")";
+            }
+            const std::string text = found[k].text(dialect);
+            std::printf("%s ====\n%s%s", header.c_str(), text.c_str(),
+                        !text.empty() && text.back() == '\n' ? "" : "\n");
+        }
+    }
+    return 0;
+}
+
+} // namespace
+
+int runKernels(const Args &args) {
+    if (args.empty() || args[0] != "dump") return usage();
+    try {
+        return dump(Args(args.begin() + 1, args.end()));
+    } catch (const Error &e) {
+        std::fprintf(stderr, "backplane kernels dump: %s\n", e.what());
+        return 1;
+    }
+}
+
+} // namespace backplane::tool
