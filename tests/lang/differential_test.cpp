@@ -467,3 +467,32 @@ TEST_CASE("control flow: nested loops with break, continue and return agree with
         CHECK(c.readAs<uint32_t>(out) == want);
     }
 }
+
+TEST_CASE("the host interpreter refuses a workgroup whose scratch it could not hold") {
+    // 1 Mi private floats per thread: 4 MiB a lane, 4 GiB for 1024 lanes.
+    const lang::Kernel k = lang::kernel("huge_private", [](lang::Builder &b) {
+        auto out = b.output<float>();
+        auto big = b.array<float>(1u << 20);
+        big[b.localIndex()] = 1.0f;
+        out[b.globalId().x] = big[b.localIndex()];
+    });
+    for (ComputeClient &c : clients()) {
+        if (c.device().backend != "host" || c.device().maxBlockThreads < 1024) continue;
+        Buffer out = c.empty(1024 * 4);
+        Dispatch d = oneD(1024, 1024);
+        d.bindings = {out};
+        std::string message;
+        try {
+            c.execute(k, d);
+        } catch (const Error &e) {
+            message = e.what();
+        }
+        CHECK(message.find("kernel 'huge_private'") != std::string::npos);
+        CHECK(message.find("interpreter scratch") != std::string::npos);
+        // A small workgroup of the same kernel fits and runs.
+        Dispatch small = oneD(4, 4);
+        small.bindings = {out};
+        CHECK_NOTHROW(c.execute(k, small));
+        CHECK(c.readAs<float>(out)[3] == 1.0f);
+    }
+}

@@ -53,9 +53,9 @@ enum LaneState : uint8_t { kAlive = 0, kBroke = 1, kContinued = 2, kReturned = 3
 
 /// Limits that keep a malformed or enormous kernel from exhausting the stack or memory. The
 /// function has no way to report an error: such a workgroup is left undone.
-constexpr uint64_t kMaxLanes = uint64_t{1} << 16;
+constexpr uint64_t kMaxLanes = kInterpreterMaxLanes;
 constexpr uint32_t kMaxLevel = 4096;                     // two mask levels per nesting level
-constexpr uint64_t kMaxScratchWords = uint64_t{1} << 29; // 2 GiB
+constexpr uint64_t kMaxScratchWords = kInterpreterMaxScratchWords; // 2 GiB
 
 float asFloat(uint32_t bits) { return std::bit_cast<float>(bits); }
 uint32_t bitsOf(float value) { return std::bit_cast<uint32_t>(value); }
@@ -264,6 +264,10 @@ struct BufferView {
 class Interpreter {
 public:
     void run(const Module &module, const bp_host_kernel_context &context);
+    /// Bytes of per-lane and shared scratch this thread keeps between calls.
+    size_t scratchBytes() const {
+        return 4 * (regs_.capacity() + vars_.capacity() + private_.capacity() + shared_.capacity());
+    }
 
 private:
     // -- planning
@@ -1799,6 +1803,9 @@ void interpretWorkgroup(const bp_host_kernel_context *context) {
             return;
         thread_local Interpreter interpreter;
         interpreter.run(*static_cast<const Module *>(context->user_data), *context);
+        // A worker keeps its scratch for the next workgroup, but not an unusually large one.
+        constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+        if (interpreter.scratchBytes() > kKeptScratchBytes) interpreter = Interpreter();
     } catch (...) {
         // std::bad_alloc growing the scratch: the workgroup is left undone.
     }

@@ -121,6 +121,20 @@ std::string listModule(const Module &module);
 /// names, and where to see the whole source.
 std::string annotateCompileError(const Module &module, Dialect dialect, const std::string &message);
 
+/// The interpreter's limits: threads per workgroup, and 32-bit words of scratch per worker thread
+/// (registers, variables and private arrays per lane, shared arrays, masks).
+inline constexpr uint64_t kInterpreterMaxLanes = uint64_t{1} << 16;
+inline constexpr uint64_t kInterpreterMaxScratchWords = uint64_t{1} << 29;
+
+/// An upper bound of the scratch words the interpreter needs for `module` at `lanes` threads per
+/// workgroup (it reuses registers, so it usually needs less).
+inline uint64_t interpreterScratchBound(const Module &module, uint64_t lanes) {
+    uint64_t perLane = module.nodes.size() + module.vars.size() + 2 * (module.blocks.size() + 1);
+    uint64_t shared = 0;
+    for (const ArrayDecl &a : module.arrays) (a.space == Space::Private ? perLane : shared) += a.length;
+    return perLane * lanes + shared;
+}
+
 /// The host interpreter (interpreter.cpp): the function of every portable host variant; its
 /// user data is the Module.
 void interpretWorkgroup(const bp_host_kernel_context *context);

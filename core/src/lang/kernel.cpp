@@ -127,6 +127,23 @@ namespace backplane {
 
 void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch) {
     const Dispatch prepared = kernel.prepare(dispatch);
+    const lang::detail::Module &module = kernel.module();
+    if (device().accepts(Dialect::Host) && !device().accepts(Dialect::Cuda) &&
+        !device().accepts(Dialect::Hip) && !device().accepts(Dialect::Glsl)) {
+        // The interpreter cannot report an error from inside a workgroup: refuse here what it
+        // would have to skip.
+        const uint64_t lanes = uint64_t{dispatch.block[0]} * dispatch.block[1] * dispatch.block[2];
+        const uint64_t words = lang::detail::interpreterScratchBound(module, lanes);
+        if (lanes > lang::detail::kInterpreterMaxLanes ||
+            words > lang::detail::kInterpreterMaxScratchWords)
+            throw Error(ErrorCode::InvalidArgument,
+                        "kernel '" + module.name + "': a workgroup of " + std::to_string(lanes) +
+                            " threads needs up to " + std::to_string(words * 4 >> 20) +
+                            " MiB of interpreter scratch on " + device().id() + " (limits: " +
+                            std::to_string(lang::detail::kInterpreterMaxLanes) + " threads, " +
+                            std::to_string(lang::detail::kInterpreterMaxScratchWords * 4 >> 20) +
+                            " MiB); use smaller workgroups or smaller private arrays");
+    }
     try {
         execute(kernel.source(), prepared);
     } catch (const Error &e) {
@@ -138,7 +155,7 @@ void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch
                 dialect = v.dialect;
                 break;
             }
-        throw Error(e.code(), lang::detail::annotateCompileError(kernel.module(), dialect, e.what()),
+        throw Error(e.code(), lang::detail::annotateCompileError(module, dialect, e.what()),
                     e.backend(), e.vendorCode());
     }
 }
