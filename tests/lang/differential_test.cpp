@@ -496,3 +496,28 @@ TEST_CASE("the host interpreter refuses a workgroup whose scratch it could not h
         CHECK(c.readAs<float>(out)[3] == 1.0f);
     }
 }
+
+TEST_CASE("u32 indices wrap: lane 0's x[i - 1] is out of bounds, the other lanes' are not") {
+    // Checked, so lane 0's index 0xffffffff is defined everywhere: it reads 0, writes nothing.
+    const lang::Kernel k = lang::kernel("wrap", [](lang::Builder &b) {
+        auto x = b.input<uint32_t>();
+        auto y = b.output<uint32_t>();
+        auto z = b.inout<uint32_t>();
+        auto i = b.globalId().x;
+        y[i] = x[i - 1u];
+        z[i - 1u] = i;
+    }, {.checked = true});
+    std::vector<uint32_t> x(16);
+    for (uint32_t i = 0; i < 16; ++i) x[i] = 100 + i;
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<uint32_t>(x), by = c.empty(64);
+        Buffer bz = c.createFrom<uint32_t>(std::vector<uint32_t>(16, 0));
+        Dispatch d = oneD(16, 8);
+        d.bindings = {bx, by, bz};
+        c.execute(k, d);
+        const std::vector<uint32_t> y = c.readAs<uint32_t>(by), z = c.readAs<uint32_t>(bz);
+        for (uint32_t i = 0; i < 16; ++i) CHECK(y[i] == (i == 0 ? 0u : 99 + i));
+        for (uint32_t i = 0; i < 16; ++i) CHECK(z[i] == (i < 15 ? i + 1 : 0u));
+    }
+}

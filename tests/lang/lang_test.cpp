@@ -209,3 +209,115 @@ TEST_CASE("prepare checks the dispatch against the signature and appends lengths
     CHECK(k.text(Dialect::Glsl).find("uint len0;") != std::string::npos);
     CHECK(k.text(Dialect::Cuda).find("len1") == std::string::npos); // y's length is not read
 }
+
+// Found by review: holes the recorder closed.
+TEST_CASE("uniformity follows copies between variables and early loop exits") {
+    // A copy of a variable that turns thread-dependent later in the loop decides the barrier.
+    CHECK(errorOf([] {
+              lang::kernel("via_copy", [](lang::Builder &k) {
+                  auto n = k.scalar<uint32_t>();
+                  auto v = k.var<uint32_t>(0u);
+                  k.For(0u, n, [&](Value<uint32_t>) {
+                      auto w = k.var<uint32_t>(0u);
+                      w = v;
+                      k.If(w < 2u, [&] { k.barrier(); });
+                      v = k.localId().x;
+                  });
+              });
+          }).find("becomes thread-dependent") != std::string::npos);
+    // After a loop some threads left early (break or continue), what it counted differs.
+    for (bool useBreak : {true, false}) {
+        CAPTURE(useBreak);
+        CHECK(errorOf([&] {
+                  lang::kernel("after_exit", [&](lang::Builder &k) {
+                      auto v = k.var<uint32_t>(0u);
+                      k.For(0u, 8u, [&](Value<uint32_t> i) {
+                          k.If(i == k.localId().x, [&] { useBreak ? k.Break() : k.Continue(); });
+                          v += 1u;
+                      });
+                      k.If(v == 4u, [&] { k.barrier(); });
+                  });
+              }) != "");
+    }
+}
+
+TEST_CASE("a refusal the body catches still fails the kernel; nesting and handles are checked") {
+    CHECK(errorOf([] {
+              lang::kernel("caught", [](lang::Builder &k) {
+                  auto y = k.output<uint32_t>();
+                  try {
+                      k.While([&] { return y[0u] == 1u; }, [] {});
+                  } catch (const Error &) {
+                  }
+                  y[0u] = 1u;
+              });
+          }).find("caught this error") != std::string::npos);
+    CHECK(errorOf([] {
+              lang::kernel("deep", [](lang::Builder &k) {
+                  std::function<void(int)> nest = [&](int depth) {
+                      if (depth > 0) k.If(k.localId().x < 1000u, [&] { nest(depth - 1); });
+                  };
+                  nest(300);
+              });
+          }).find("nested deeper") != std::string::npos);
+    std::optional<lang::Binding<uint32_t>> binding;
+    std::optional<lang::Array<uint32_t>> array;
+    lang::kernel("first", [&](lang::Builder &k) {
+        binding.emplace(k.inout<uint32_t>());
+        array.emplace(k.shared<uint32_t>(4));
+    });
+    CHECK(errorOf([&] {
+              lang::kernel("second", [&](lang::Builder &k) {
+                  auto own = k.inout<uint32_t>();
+                  (*binding)[0u] = 1u;
+                  own[0u] = 2u;
+              });
+          }).find("another kernel") != std::string::npos);
+    CHECK(errorOf([&] {
+              lang::kernel("third", [&](lang::Builder &k) {
+                  auto y = k.output<uint32_t>();
+                  y[0u] = (*array)[0u];
+              });
+          }).find("another kernel") != std::string::npos);
+    CHECK(errorOf([] {
+              lang::kernel("bool_order", [](lang::Builder &k) {
+                  auto y = k.output<uint32_t>();
+                  Value<bool> a = k.localId().x < 1u, b = k.localId().y < 1u;
+                  y[0u] = lang::cast<uint32_t>(lang::select(a, b, a));
+                  (void)lang::min(a, b);
+              });
+          }).find("on bool values") != std::string::npos);
+}
+
+TEST_CASE("names cannot inject code, and keywords get a prefix") {
+    const lang::Kernel injected = lang::kernel("scale\n#error injected", [](lang::Builder &k) {
+        auto y = k.output<float>();
+        y[0u] = -Value<float>(-0.5f);
+    });
+    for (Dialect d : {Dialect::Cuda, Dialect::Glsl}) {
+        CHECK(injected.text(d).find("\n#error") == std::string::npos);
+        CHECK(injected.text(d).find("-(-0.5f)") != std::string::npos);
+    }
+    CHECK(lang::kernel("new", [](lang::Builder &) {}).source().variants[0].entryPoint == "k_new");
+    CHECK(lang::kernel("main", [](lang::Builder &) {}).source().variants[0].entryPoint == "k_main");
+}
+
+TEST_CASE("the host key tells apart kernels that differ only in an atomic or a loop's signedness") {
+    auto withAtomic = [](bool max) {
+        return lang::kernel("atomic", [max](lang::Builder &k) {
+            auto y = k.inout<uint32_t>();
+            if (max) atomicMax(y[0u], 3u);
+            else atomicAdd(y[0u], 3u);
+        });
+    };
+    CHECK(withAtomic(true).source().variants[3].source != withAtomic(false).source().variants[3].source);
+    const lang::Kernel u = lang::kernel("loop", [](lang::Builder &k) {
+        auto y = k.inout<uint32_t>();
+        k.For(0xfffffffdu, 3u, [&](Value<uint32_t>) { y[0u] = 1u; });
+    });
+    const lang::Kernel s = lang::kernel("loop", [](lang::Builder &k) {
+        auto y = k.inout<uint32_t>();
+        k.For<int32_t>(-3, 3, [&](Value<int32_t>) { y[0u] = 1u; });
+    });
+    CHECK(u.source().variants[3].source != s.source().variants[3].source);
+}

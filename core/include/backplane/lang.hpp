@@ -97,13 +97,14 @@ Handle unary(Op op, Handle a);                      ///< same type as a
 Handle binary(Op op, Handle a, Handle b);           ///< same types; comparisons give bool
 Handle builtin(Builtin which, uint32_t axis);
 Handle declareScalar(Type type);
-uint32_t declareBinding(Type type, Access access);
-uint32_t declareArray(Space space, Type type, uint32_t length);
-uint32_t declareVar(Type type, Handle init);
-Handle length(uint32_t binding);
-Handle load(Space space, uint32_t target, Handle index); ///< index ignored for Space::Var
-void store(Space space, uint32_t target, Handle index, Handle value);
-Handle atomic(AtomicOp op, Space space, uint32_t target, Handle index, Handle value);
+// Bindings, arrays and variables are named by a Handle too: its id indexes their own table.
+Handle declareBinding(Type type, Access access);
+Handle declareArray(Space space, Type type, uint32_t length);
+Handle declareVar(Type type, Handle init);
+Handle length(Handle binding);
+Handle load(Space space, Handle target, Handle index); ///< index ignored for Space::Var
+void store(Space space, Handle target, Handle index, Handle value);
+Handle atomic(AtomicOp op, Space space, Handle target, Handle index, Handle value);
 Handle subgroup(Op op, Handle value, Handle arg = {});
 Type typeOf(Handle value);
 /// Where an If statement was recorded (so that .Else finds it).
@@ -244,19 +245,19 @@ public:
     const Var &operator-=(const Value<T> &v) const { return *this = *this - v; }
     const Var &operator*=(const Value<T> &v) const { return *this = *this * v; }
     const Var &operator/=(const Value<T> &v) const { return *this = *this / v; }
-    uint32_t id() const noexcept { return id_; }
-    static Var wrap(uint32_t id) { return Var(id); }
+    detail::Handle id() const noexcept { return id_; }
+    static Var wrap(detail::Handle id) { return Var(id); }
 
 private:
-    explicit Var(uint32_t id) : id_(id) {}
-    uint32_t id_;
+    explicit Var(detail::Handle id) : id_(id) {}
+    detail::Handle id_;
 };
 
 /// One element of a buffer, shared array or private array: an lvalue. Reading records a load,
 /// assigning a store.
 template <class T> class Element : public Operand<T> {
 public:
-    Element(detail::Space space, uint32_t target, Value<uint32_t> index)
+    Element(detail::Space space, detail::Handle target, Value<uint32_t> index)
         : space_(space), target_(target), index_(index.handle()) {}
     const Element &operator=(const Value<T> &v) const {
         detail::store(space_, target_, index_, v.handle());
@@ -269,12 +270,12 @@ public:
     const Element &operator*=(const Value<T> &v) const { return *this = *this * v; }
 
     detail::Space space() const noexcept { return space_; }
-    uint32_t target() const noexcept { return target_; }
+    detail::Handle target() const noexcept { return target_; }
     detail::Handle index() const noexcept { return index_; }
 
 private:
     detail::Space space_;
-    uint32_t target_;
+    detail::Handle target_;
     detail::Handle index_;
 };
 
@@ -294,12 +295,12 @@ public:
     }
     /// Elements in the bound buffer (or view): its size in bytes / sizeof(T).
     Value<uint32_t> length() const { return Value<uint32_t>::wrap(detail::length(id_)); }
-    uint32_t id() const noexcept { return id_; }
-    static Binding wrap(uint32_t id) { return Binding(id); }
+    detail::Handle id() const noexcept { return id_; }
+    static Binding wrap(detail::Handle id) { return Binding(id); }
 
 private:
-    explicit Binding(uint32_t id) : id_(id) {}
-    uint32_t id_;
+    explicit Binding(detail::Handle id) : id_(id) {}
+    detail::Handle id_;
 };
 
 /// A fixed-size array in workgroup-shared or per-thread memory. Its contents start undefined.
@@ -309,12 +310,12 @@ template <class T> class Array {
 public:
     Element<T> operator[](const Value<uint32_t> &index) const { return Element<T>(space_, id_, index); }
     uint32_t size() const noexcept { return size_; }
-    static Array wrap(detail::Space space, uint32_t id, uint32_t size) { return Array(space, id, size); }
+    static Array wrap(detail::Space space, detail::Handle id, uint32_t size) { return Array(space, id, size); }
 
 private:
-    Array(detail::Space space, uint32_t id, uint32_t size) : space_(space), id_(id), size_(size) {}
+    Array(detail::Space space, detail::Handle id, uint32_t size) : space_(space), id_(id), size_(size) {}
     detail::Space space_;
-    uint32_t id_;
+    detail::Handle id_;
     uint32_t size_;
 };
 

@@ -22,6 +22,9 @@ struct Frame {
     bool hasCollective = false;
     /// The condition deciding this frame (kNone for the kernel body and else-less parts).
     uint32_t condition = kNone;
+    /// Loops: variables stored inside (any depth). After a thread-dependent exit they differ
+    /// between threads once the loop ends.
+    std::vector<uint32_t> stored;
 };
 
 /// Per-variable uniformity: a variable is uniform while it was declared and only ever assigned
@@ -31,7 +34,14 @@ struct VarState {
     bool uniform = true;
     /// A barrier or subgroup operation is under control flow decided by this variable.
     bool decides = false;
+    /// Variables whose values were stored into this one: when one of them turns
+    /// thread-dependent, so does this one.
+    std::vector<uint32_t> from;
 };
+
+/// Deeper nesting of k.If / k.For / k.While than this is refused (the generated code and the
+/// interpreter both recurse over it).
+constexpr size_t kMaxNesting = 256;
 
 class Recorder {
 public:
@@ -46,8 +56,10 @@ public:
     Module &module() { return module_; }
     uint32_t serial() const { return serial_; }
 
-    [[noreturn]] void fail(const std::string &what) const {
-        throw Error(ErrorCode::InvalidArgument, "kernel '" + module_.name + "': " + what);
+    /// Throws, and remembers it: a body that catches the error still gets no kernel.
+    [[noreturn]] void fail(const std::string &what) {
+        failure_ = "kernel '" + module_.name + "': " + what;
+        throw Error(ErrorCode::InvalidArgument, failure_);
     }
 
     /// Checks a handle of this kernel, usable in the current block; returns its node.
@@ -109,15 +121,55 @@ public:
         f.uniform = uniform && frames_.back().uniform && !returnedDivergent_;
         f.loop = loop;
         f.condition = condition;
-        frames_.push_back(f);
+        push(std::move(f));
         try {
             body();
         } catch (...) {
             frames_.pop_back();
             throw;
         }
-        frames_.pop_back();
+        popLoopAware();
     }
+
+    void push(Frame f) {
+        if (frames_.size() > kMaxNesting)
+            fail("k.If / k.For / k.While nested deeper than " + std::to_string(kMaxNesting) +
+                 " levels");
+        frames_.push_back(std::move(f));
+    }
+
+    /// Pops a frame; a loop some threads may have left early leaves the variables it stored
+    /// thread-dependent.
+    void popLoopAware() {
+        Frame done = std::move(frames_.back());
+        frames_.pop_back();
+        if (done.loop && done.divergentExit)
+            for (uint32_t v : done.stored) divergeVar(v, "a loop left early by some threads");
+    }
+
+    /// Marks a variable (and every variable computed from it) thread-dependent; refuses when one
+    /// of them decides a barrier or subgroup operation recorded earlier.
+    void divergeVar(uint32_t var, const char *why) {
+        std::vector<uint32_t> work = {var};
+        while (!work.empty()) {
+            const uint32_t v = work.back();
+            work.pop_back();
+            VarState &state = vars_[v];
+            if (!state.uniform) continue;
+            if (state.decides)
+                fail("variable v" + std::to_string(v) + " decides a barrier or subgroup "
+                     "operation recorded earlier, and becomes thread-dependent (" + why +
+                     "); every thread of the workgroup must reach it");
+            state.uniform = false;
+            for (uint32_t other = 0; other < vars_.size(); ++other)
+                if (vars_[other].uniform &&
+                    std::find(vars_[other].from.begin(), vars_[other].from.end(), v) !=
+                        vars_[other].from.end())
+                    work.push_back(other);
+        }
+    }
+
+    const std::string &failure() const { return failure_; }
 
     bool controlUniform() const { return frames_.back().uniform && !returnedDivergent_; }
 
@@ -188,11 +240,17 @@ public:
     }
 
     void storeVar(uint32_t var, uint32_t value) {
-        VarState &state = vars_[var];
+        for (Frame &f : frames_)
+            if (f.loop) f.stored.push_back(var);
         const bool uniform = module_.nodes[value].uniform && controlUniform();
-        if (!uniform && state.uniform && state.decides)
-            fail(varDiverged(var, "a barrier or subgroup operation recorded earlier"));
-        if (!uniform) state.uniform = false;
+        if (!uniform) {
+            divergeVar(var, "a thread-dependent value is stored into it");
+            return;
+        }
+        VarState &state = vars_[var];
+        for (uint32_t v : module_.nodes[value].vars)
+            if (v != var && std::find(state.from.begin(), state.from.end(), v) == state.from.end())
+                state.from.push_back(v);
     }
 
     std::vector<VarState> vars_;
@@ -205,6 +263,28 @@ private:
         return false;
     }
 
+    /// Names a CUDA/HIP entry point cannot have: C++ keywords, main, and reserved spellings.
+    static bool reserved(const std::string &id) {
+        static const char *const kWords[] = {
+            "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool",
+            "break", "case", "catch", "char", "char8_t", "char16_t", "char32_t", "class", "compl",
+            "concept", "const", "consteval", "constexpr", "constinit", "const_cast", "continue",
+            "co_await", "co_return", "co_yield", "decltype", "default", "delete", "do", "double",
+            "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float",
+            "for", "friend", "goto", "if", "inline", "int", "long", "main", "mutable",
+            "namespace", "new", "noexcept", "not", "not_eq", "nullptr", "operator", "or",
+            "or_eq", "private", "protected", "public", "register", "reinterpret_cast",
+            "requires", "return", "short", "signed", "sizeof", "static", "static_assert",
+            "static_cast", "struct", "switch", "template", "this", "thread_local", "throw",
+            "true", "try", "typedef", "typeid", "typename", "union", "unsigned", "using",
+            "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq"};
+        for (const char *w : kWords)
+            if (id == w) return true;
+        // Leading underscore + capital, or a double underscore: reserved to the implementation.
+        return (id.size() > 1 && id[0] == '_' && (id[1] == '_' || (id[1] >= 'A' && id[1] <= 'Z'))) ||
+               id.find("__") != std::string::npos;
+    }
+
     static std::string identifier(const std::string &name) {
         std::string id;
         for (char c : name) {
@@ -212,13 +292,14 @@ private:
                             (c >= '0' && c <= '9') || c == '_';
             id += ok ? c : '_';
         }
-        if (id.empty() || (id[0] >= '0' && id[0] <= '9')) id = "k_" + id;
+        if (id.empty() || (id[0] >= '0' && id[0] <= '9') || reserved(id)) id = "k_" + id;
         return id;
     }
 
     Module module_;
     uint32_t serial_;
     bool returnedDivergent_ = false;
+    std::string failure_;
 };
 
 thread_local Recorder *gCurrent = nullptr;
@@ -285,6 +366,10 @@ Handle unary(Op op, Handle a) {
                            op == Op::Floor || op == Op::Ceil;
     if (floatOnly && n.type != Type::F32)
         r.fail("a float function was applied to a " + std::string(toString(n.type)) + " value");
+    if ((op == Op::Not) != (n.type == Type::Bool) &&
+        (op == Op::Not || op == Op::Neg || op == Op::BitNot || op == Op::Abs))
+        r.fail(std::string(op == Op::Not ? "! needs a bool value" : "-, ~ and abs() need numbers"));
+    if (op == Op::BitNot && !isInteger(n.type)) r.fail("~ needs an integer value");
     if (op == Op::SubgroupSum || op == Op::SubgroupMin || op == Op::SubgroupMax)
         return subgroup(op, a);
     return r.compute(n);
@@ -302,6 +387,11 @@ Handle binary(Op op, Handle a, Handle b) {
                "; convert one with cast<T>()");
     if ((op == Op::Rem || op == Op::Shl || op == Op::Shr) && !isInteger(ta))
         r.fail("% and shifts need integer operands");
+    const bool onBool = op == Op::Lt || op == Op::Le || op == Op::Gt || op == Op::Ge ||
+                        op == Op::Min || op == Op::Max || op == Op::Add || op == Op::Sub ||
+                        op == Op::Mul || op == Op::Div || op == Op::Pow;
+    if (ta == Type::Bool && onBool)
+        r.fail("an ordering comparison or arithmetic on bool values; cast<uint32_t>() them first");
     if (op == Op::Pow && ta != Type::F32) r.fail("pow() needs float operands");
     n.type = isComparison(op) ? Type::Bool : ta;
     return r.compute(n);
@@ -332,22 +422,25 @@ Handle declareScalar(Type type) {
     return r.add(n, false);
 }
 
-uint32_t declareBinding(Type type, Access access) {
+Handle declareBinding(Type type, Access access) {
     Recorder &r = current();
+    if (type == Type::Bool) r.fail("buffers hold int32_t, uint32_t or float");
     r.module().bindings.push_back({type, access, false});
-    return static_cast<uint32_t>(r.module().bindings.size() - 1);
+    return {static_cast<uint32_t>(r.module().bindings.size() - 1), r.serial()};
 }
 
-uint32_t declareArray(Space space, Type type, uint32_t length) {
+Handle declareArray(Space space, Type type, uint32_t length) {
     Recorder &r = current();
+    if (space != Space::Shared && space != Space::Private) r.fail("arrays are shared or private");
+    if (type == Type::Bool) r.fail("arrays hold int32_t, uint32_t or float");
     if (length == 0) r.fail("an array of length 0");
     if (uint64_t(length) * sizeOf(type) > (64u << 20))
         r.fail("an array of " + std::to_string(length) + " elements (over 64 MiB)");
     r.module().arrays.push_back({space, type, length});
-    return static_cast<uint32_t>(r.module().arrays.size() - 1);
+    return {static_cast<uint32_t>(r.module().arrays.size() - 1), r.serial()};
 }
 
-uint32_t declareVar(Type type, Handle init) {
+Handle declareVar(Type type, Handle init) {
     Recorder &r = current();
     const uint32_t value = r.use(init, "a variable's initial value");
     if (r.module().nodes[value].type != type) r.fail("a variable's initial value has another type");
@@ -356,53 +449,48 @@ uint32_t declareVar(Type type, Handle init) {
     VarState state;
     state.block = r.frames_.back().block;
     state.uniform = r.module().nodes[value].uniform && r.controlUniform();
+    if (state.uniform) state.from = r.module().nodes[value].vars;
     r.vars_.push_back(state);
     Stmt s;
     s.kind = StmtKind::DeclareVar;
     s.target = id;
     s.value = value;
     r.append(s);
-    return id;
-}
-
-Handle length(uint32_t binding) {
-    Recorder &r = current();
-    if (binding >= r.module().bindings.size()) r.fail("length() of an unknown binding");
-    r.module().bindings[binding].lengthUsed = true;
-    Node n;
-    n.op = Op::Length;
-    n.type = Type::U32;
-    n.imm = binding;
-    n.uniform = true;
-    return r.add(n, false);
+    return {id, r.serial()};
 }
 
 namespace {
 
-/// The element type of a memory target; checks that it exists and is visible.
-Type targetType(Recorder &r, Space space, uint32_t target) {
+/// Checks that `target` names a binding, array or variable of this kernel in `space`, visible
+/// here; returns its element type.
+Type targetType(Recorder &r, Space space, Handle target) {
     const Module &m = r.module();
+    if (target.kernel != r.serial())
+        r.fail("a buffer, array or variable of another kernel (or a default-constructed one) is "
+               "used; they cannot cross lang::kernel() calls");
+    const uint32_t id = target.id;
     switch (space) {
     case Space::Buffer:
-        if (target >= m.bindings.size()) r.fail("an access to an unknown binding");
-        return m.bindings[target].type;
+        if (id >= m.bindings.size()) r.fail("an access to an unknown binding");
+        return m.bindings[id].type;
     case Space::Shared:
     case Space::Private:
-        if (target >= m.arrays.size()) r.fail("an access to an unknown array");
-        return m.arrays[target].type;
+        if (id >= m.arrays.size() || m.arrays[id].space != space)
+            r.fail("an access to an unknown array");
+        return m.arrays[id].type;
     case Space::Var: {
-        if (target >= m.vars.size()) r.fail("an access to an unknown variable");
-        const uint32_t declared = r.vars_[target].block;
+        if (id >= m.vars.size()) r.fail("an access to an unknown variable");
+        const uint32_t declared = r.vars_[id].block;
         bool visible = false;
         for (uint32_t b = r.frames_.back().block; b != kNone; b = m.blocks[b].parent)
             visible = visible || b == declared;
         if (!visible)
-            r.fail("variable v" + std::to_string(target) +
+            r.fail("variable v" + std::to_string(id) +
                    " is used outside the block that declared it");
-        return m.vars[target];
+        return m.vars[id];
     }
     }
-    return Type::U32;
+    r.fail("an access to an unknown memory space");
 }
 
 uint32_t indexOf(Recorder &r, Handle index) {
@@ -413,19 +501,31 @@ uint32_t indexOf(Recorder &r, Handle index) {
 
 } // namespace
 
-Handle load(Space space, uint32_t target, Handle index) {
+Handle length(Handle binding) {
+    Recorder &r = current();
+    targetType(r, Space::Buffer, binding);
+    r.module().bindings[binding.id].lengthUsed = true;
+    Node n;
+    n.op = Op::Length;
+    n.type = Type::U32;
+    n.imm = binding.id;
+    n.uniform = true;
+    return r.add(n, false);
+}
+
+Handle load(Space space, Handle target, Handle index) {
     Recorder &r = current();
     Node n;
     n.op = Op::Load;
     n.space = space;
-    n.imm = target;
     n.type = targetType(r, space, target);
-    if (space == Space::Buffer && r.module().bindings[target].access == Access::Write)
-        r.fail("binding " + std::to_string(target) + " is an output (write-only); declare it "
+    n.imm = target.id;
+    if (space == Space::Buffer && r.module().bindings[target.id].access == Access::Write)
+        r.fail("binding " + std::to_string(target.id) + " is an output (write-only); declare it "
                "with k.inout<T>() to read it");
     if (space == Space::Var) {
-        n.uniform = r.vars_[target].uniform;
-        if (n.uniform) n.vars = {target};
+        n.uniform = r.vars_[target.id].uniform;
+        if (n.uniform) n.vars = {target.id};
         return r.add(n, true);
     }
     n.a = indexOf(r, index);
@@ -433,39 +533,39 @@ Handle load(Space space, uint32_t target, Handle index) {
     return r.add(n, true);
 }
 
-void store(Space space, uint32_t target, Handle index, Handle value) {
+void store(Space space, Handle target, Handle index, Handle value) {
     Recorder &r = current();
     const Type type = targetType(r, space, target);
     const uint32_t v = r.use(value, "a stored value");
     if (r.module().nodes[v].type != type)
         r.fail(std::string("a store of a ") + toString(r.module().nodes[v].type) + " value into " +
                toString(type) + " memory");
-    if (space == Space::Buffer && r.module().bindings[target].access == Access::Read)
-        r.fail("binding " + std::to_string(target) + " is an input (read-only); declare it "
+    if (space == Space::Buffer && r.module().bindings[target.id].access == Access::Read)
+        r.fail("binding " + std::to_string(target.id) + " is an input (read-only); declare it "
                "with k.inout<T>() or k.output<T>() to write it");
     Stmt s;
     s.kind = StmtKind::Store;
     s.space = space;
-    s.target = target;
+    s.target = target.id;
     s.value = v;
-    if (space == Space::Var) r.storeVar(target, v);
+    if (space == Space::Var) r.storeVar(target.id, v);
     else s.index = indexOf(r, index);
     r.append(s);
 }
 
-Handle atomic(AtomicOp op, Space space, uint32_t target, Handle index, Handle value) {
+Handle atomic(AtomicOp op, Space space, Handle target, Handle index, Handle value) {
     Recorder &r = current();
     if (space != Space::Buffer && space != Space::Shared)
         r.fail("atomics work on buffer and shared-array elements");
     const Type type = targetType(r, space, target);
     if (!isInteger(type)) r.fail("atomics work on int32_t and uint32_t elements");
-    if (space == Space::Buffer && r.module().bindings[target].access != Access::ReadWrite)
-        r.fail("an atomic on binding " + std::to_string(target) +
+    if (space == Space::Buffer && r.module().bindings[target.id].access != Access::ReadWrite)
+        r.fail("an atomic on binding " + std::to_string(target.id) +
                ", which is not declared k.inout<T>()");
     Node n;
     n.op = Op::Atomic;
     n.space = space;
-    n.imm = target;
+    n.imm = target.id;
     n.atomicOp = op;
     n.type = type;
     n.a = indexOf(r, index);
@@ -580,13 +680,16 @@ void recordWhile(const std::function<Handle()> &condition, const std::function<v
     f.block = s.other;
     f.uniform = r.controlUniform();
     f.loop = true;
-    r.frames_.push_back(f);
+    r.push(std::move(f));
     try {
         c = r.use(condition(), "a While condition");
         if (r.module().nodes[c].type != Type::Bool) r.fail("k.While needs a bool condition");
         const bool uniform = r.module().nodes[c].uniform;
         r.frames_.back().condition = c;
-        if (!uniform) r.frames_.back().uniform = false;
+        if (!uniform) {
+            r.frames_.back().uniform = false;
+            r.frames_.back().divergentExit = true; // threads leave at different passes
+        }
         const uint32_t bodyBlock = r.newBlock(); // parent: the condition block
         r.module().blocks[parentBlock].stmts[at].node = c;
         r.module().blocks[parentBlock].stmts[at].body = bodyBlock;
@@ -598,7 +701,7 @@ void recordWhile(const std::function<Handle()> &condition, const std::function<v
         r.frames_.pop_back();
         throw;
     }
-    r.frames_.pop_back();
+    r.popLoopAware();
 }
 
 void recordJump(Jump j) { current().jump(j); }
@@ -626,6 +729,11 @@ std::shared_ptr<Module> record(std::string name, const std::function<void(Builde
         throw;
     }
     gCurrent = outer;
+    // The body caught a refusal and went on: what it recorded is incomplete.
+    if (!recorder.failure().empty())
+        throw Error(ErrorCode::InvalidArgument,
+                    recorder.failure() + " (the kernel body caught this error and continued; "
+                                         "a kernel with a refused operation is not built)");
     return std::make_shared<Module>(std::move(recorder.module()));
 }
 

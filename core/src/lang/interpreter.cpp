@@ -1632,10 +1632,11 @@ void Interpreter::load(const Node &node, uint32_t *out, const Mask &m) {
                 } else if (i <= last && last - i >= width - 1) {
                     copyRow(out + start, data + size_t{i} * 4, width);
                 } else {
+                    // u32 indices wrap: lane x reads element i + x mod 2^32 (0 - 1 + 1 is 0).
                     for (uint32_t x = 0; x < width; ++x) {
+                        const uint32_t j = i + x;
                         uint32_t value = 0;
-                        if (i + x <= last && i + x >= i)
-                            std::memcpy(&value, data + size_t{i + x} * 4, sizeof value);
+                        if (j <= last) std::memcpy(&value, data + size_t{j} * 4, sizeof value);
                         out[start + x] = value;
                     }
                 }
@@ -1724,9 +1725,10 @@ void Interpreter::store(const Stmt &s, const Mask &m) {
                 if (i <= last && last - i >= width - 1) {
                     copyRow(data + size_t{i} * 4, value + start, width);
                 } else {
-                    for (uint32_t x = 0; x < width; ++x)
-                        if (i + x <= last && i + x >= i)
-                            std::memcpy(data + size_t{i + x} * 4, &value[start + x], 4);
+                    for (uint32_t x = 0; x < width; ++x) {
+                        const uint32_t j = i + x; // wraps like the lanes' own u32 indices
+                        if (j <= last) std::memcpy(data + size_t{j} * 4, &value[start + x], 4);
+                    }
                 }
             });
             return;
