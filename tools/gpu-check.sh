@@ -43,14 +43,13 @@ sanitizer_args=(--tool memcheck --report-api-errors no --error-exitcode 9)
 
 nvidia-smi -L
 # `kernels`: the portable kernels on CUDA and Vulkan (suite kernels: differential, NVRTC), the
-# conformance kernel and runtime cases (portable saxpy), the demo per backend, bench kernels.
+# whole conformance suite (portable saxpy; ABI 1.2), the demo per backend, bench kernels.
 if [ "$mode" = kernels ]; then
     python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
         --suite kernels | tee "$OUT/summary.txt"
     grep -E -B3 -A20 "ERROR|FATAL|CRASHED" "$OUT/tests.log" | head -150 >> "$OUT/summary.txt"
-    $tool conformance --plugin cuda --plugin vulkan --case kernel --case runtime \
-        > "$OUT/conformance.txt" 2>&1
-    echo "conformance kernel+runtime: rc=$? $(grep -E '^[a-z]+: passes' "$OUT/conformance.txt" | tr '\n' ' ')" |
+    $tool conformance --plugin cuda --plugin vulkan --plugin host > "$OUT/conformance.txt" 2>&1
+    echo "conformance (all cases): rc=$? $(grep -E '^[a-z]+: passes' "$OUT/conformance.txt" | tr '\n' ' ')" |
         tee -a "$OUT/summary.txt"
     for backend in cuda vulkan; do
         timeout 300 $tool demo --device $backend > "$OUT/demo-$backend.txt" 2>&1
