@@ -1,7 +1,10 @@
 // Benchmark suites of `backplane bench`: each compares the runtime with the raw API, same run.
 #pragma once
 
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace backplane::tool {
@@ -35,5 +38,22 @@ void benchTune(const BenchOptions &options, BenchRows &rows);   ///< bench_tune.
 void benchStartup(const BenchOptions &options, BenchRows &rows); ///< bench_startup.cpp
 void benchMultidevice(const BenchOptions &options, BenchRows &rows); ///< bench_multidevice.cpp
 void benchKernels(const BenchOptions &options, BenchRows &rows); ///< bench_kernels.cpp
+
+/// A fresh temporary directory ("<tmp>/<prefix>-XXXXXX", e.g. a tuner or kernel cache for one
+/// bench suite), removed at scope exit. `path` is empty when none could be made.
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(const std::string &prefix) {
+        std::string pattern =
+            (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+        if (::mkdtemp(pattern.data()) != nullptr) path = pattern;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+    TempDir(const TempDir &) = delete;
+    TempDir &operator=(const TempDir &) = delete;
+};
 
 } // namespace backplane::tool

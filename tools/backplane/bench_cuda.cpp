@@ -360,22 +360,6 @@ ProbeResult spawnCacheProbe(const fs::path &cacheDir, const std::string &device)
     return result;
 }
 
-/// A fresh cache directory for the suite's Runtime, removed at scope exit.
-struct TempCache {
-    fs::path path;
-    TempCache() {
-        std::string pattern = (fs::temp_directory_path() / "bp-bench-cuda-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr)
-            throw std::runtime_error("cannot create a temporary cache directory");
-        path = pattern;
-    }
-    ~TempCache() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    TempCache(const TempCache &) = delete;
-    TempCache &operator=(const TempCache &) = delete;
-};
 
 // ------------------------------------------------------------------------------------------------
 // The suite
@@ -393,7 +377,8 @@ struct Counts {
 void run(void *driver, const BenchOptions &options, BenchRows &rows) {
     const Counts counts = options.quick ? Counts{3, 1000, 200, 1000, 200, 3, 2}
                                         : Counts{7, 10000, 2000, 10000, 2000, 5, 3};
-    TempCache cache;
+    TempDir cache("bp-bench-cuda");
+    if (cache.path.empty()) throw std::runtime_error("cannot create a temporary cache directory");
     Config config = loadConfig();
     config.cacheDir = cache.path;
     config.cacheEnabled = true;

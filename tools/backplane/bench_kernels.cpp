@@ -42,22 +42,6 @@ double secondsSince(Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-/// A temporary cache directory for the tuner, removed at scope exit ("" when none could be made:
-/// the tuner then keeps its decision in memory).
-struct TempCache {
-    std::filesystem::path path;
-    TempCache() {
-        std::string pattern =
-            (std::filesystem::temp_directory_path() / "bp-bench-kernels-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) != nullptr) path = pattern;
-    }
-    ~TempCache() {
-        std::error_code ec;
-        if (!path.empty()) std::filesystem::remove_all(path, ec);
-    }
-    TempCache(const TempCache &) = delete;
-    TempCache &operator=(const TempCache &) = delete;
-};
 
 /// Deterministic values in [-1, 1).
 std::vector<float> benchInput(size_t count, uint32_t seed) {
@@ -265,7 +249,7 @@ void tunedMatmul(ComputeClient &client, const std::string &device, uint32_t size
                  const Baseline &baseline, const BenchOptions &options, BenchRows &rows) {
     const MatmulSet set = matmulTunable(client.device());
     const SquareProblem p(client, size);
-    TempCache cache;
+    TempDir cache("bp-bench-kernels");
     CacheStore store(cache.path);
     tune::Tuner::Options o;
     o.level = TuneLevel::Balanced;

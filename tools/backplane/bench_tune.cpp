@@ -24,23 +24,10 @@ double msSince(Clock::time_point start) {
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-/// A temporary cache directory, removed at scope exit.
-struct TempCache {
-    std::filesystem::path path;
-    TempCache() {
-        std::string pattern =
-            (std::filesystem::temp_directory_path() / "bp-bench-tune-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) != nullptr) path = pattern;
-    }
-    ~TempCache() {
-        std::error_code ec;
-        if (!path.empty()) std::filesystem::remove_all(path, ec);
-    }
-};
 
 /// Cold vs warm cache with synthetic candidates of known cost (busy loops of 50/100/200 us).
 void coldVsWarm(const BenchOptions &options, BenchRows &rows) {
-    TempCache cache;
+    TempDir cache("bp-bench-tune");
     if (cache.path.empty()) {
         std::fprintf(stderr, "bench tune: no temporary directory; cold/warm rows skipped\n");
         return;
