@@ -22,8 +22,8 @@ if [ "${1:-}" = build ]; then
 fi
 mode=${1:-}
 [ "$mode" = run ] || [ "$mode" = conformance ] || [ "$mode" = tests ] || [ "$mode" = multidevice ] ||
-    [ "$mode" = kernels ] ||
-    { echo "usage: tools/gpu-check.sh build|run|conformance|tests|multidevice|kernels" >&2; exit 2; }
+    [ "$mode" = kernels ] || [ "$mode" = perf ] ||
+    { echo "usage: tools/gpu-check.sh build|run|conformance|tests|multidevice|kernels|perf" >&2; exit 2; }
 
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -57,6 +57,34 @@ if [ "$mode" = kernels ]; then
     done
     timeout 500 $tool bench kernels > "$OUT/bench-kernels.txt" 2>&1
     echo "bench kernels: rc=$?" | tee -a "$OUT/summary.txt"
+    exit 0
+fi
+# `perf`: recorded sequences and the performance rows (issue 15): suites replay, cuda and vulkan
+# (graphs of both plugins), the conformance graph cases, the randomized engine model with replays
+# on CUDA and Vulkan, bench engine / cuda / vulkan, and the staging sweep of bench transfers.
+if [ "$mode" = perf ]; then
+    python3 tools/run-introspected-tests.py /work/main/$build/tests.json "$OUT/tests.log" \
+        --suite replay --suite cuda --suite vulkan | tee "$OUT/summary.txt"
+    grep -E -B3 -A20 "ERROR|FATAL|CRASHED" "$OUT/tests.log" | head -100 >> "$OUT/summary.txt"
+    $tool conformance --plugin cuda --plugin vulkan --plugin host > "$OUT/conformance.txt" 2>&1
+    echo "conformance: rc=$? $(grep -E '^[a-z]+: passes' "$OUT/conformance.txt" | tr '\n' ' ')" |
+        tee -a "$OUT/summary.txt"
+    grep -E "graph\." "$OUT/conformance.txt" | head -30 >> "$OUT/summary.txt"
+    model=/work/main/$build/tests/engine/engine_model_test
+    for p in cuda vulkan; do
+        BACKPLANE_LOG=off BACKPLANE_MODEL_PLUGIN=$p \
+            BACKPLANE_MODEL_LIBRARY=/work/main/$build/plugins/$p/libbackplane_$p.so \
+            BACKPLANE_MODEL_SECONDS=15 BACKPLANE_MODEL_THREADS=8 BACKPLANE_MODEL_STREAMS=12 \
+            timeout 120 $model > /tmp/model-$p.log 2>&1
+        echo "model $p (8 threads x 12 streams, 15 s, with replays): rc=$? $(grep -E '^model: plugin=' /tmp/model-$p.log)" |
+            tee -a "$OUT/summary.txt"
+        grep -E "^(error|mismatch)" /tmp/model-$p.log | head -5 >> "$OUT/summary.txt"
+    done
+    timeout 400 $tool bench engine cuda vulkan > "$OUT/bench.txt" 2> /tmp/bench-notes.txt
+    echo "bench rc=$?" | tee -a "$OUT/summary.txt"
+    cat /tmp/bench-notes.txt >> "$OUT/bench.txt"
+    timeout 200 $tool bench transfers --sweep > "$OUT/sweep.txt" 2>&1
+    echo "bench transfers --sweep rc=$?" | tee -a "$OUT/summary.txt"
     exit 0
 fi
 # `multidevice` (2 x H200 or more): the multidevice suite, NCCL in one process and in one process

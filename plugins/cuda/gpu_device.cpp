@@ -41,9 +41,18 @@ GpuMemory::GpuMemory(GpuDevice &device, bp_memory_kind kind, uint64_t size)
     }
 }
 
+GpuMemory::GpuMemory(GpuDevice &device, void *host, uint64_t size)
+    : device_(device), kind_(BP_MEMORY_PINNED_HOST), size_(size), host_(host) {
+    device.check(bpv::hostRegister(device.driver(), host, size), BP_ERROR_INVALID_ARGUMENT);
+    registered_ = true;
+    ptr_ = bpv::fromHostPtr(host_);
+}
+
 GpuMemory::~GpuMemory() {
     device_.enterForRelease();
-    if (kind_ == BP_MEMORY_DEVICE)
+    if (registered_)
+        bpv::hostUnregister(device_.driver(), host_);
+    else if (kind_ == BP_MEMORY_DEVICE)
         bpv::memFree(device_.driver(), ptr_);
     else
         bpv::hostFree(device_.driver(), host_);
@@ -109,6 +118,7 @@ GpuDevice::~GpuDevice() {
     enterForRelease();
     for (auto &pool : freeEvents_)
         for (const bpv::Event event : pool) bpv::eventDestroy(driver_, event);
+    if (captureStream_ != nullptr) bpv::streamDestroy(driver_, captureStream_);
     bpv::contextRelease(driver_, context_, description_.id);
 }
 
@@ -162,6 +172,11 @@ std::unique_ptr<sdk::Memory> GpuDevice::allocate(const bp_memory_allocate_args &
     auto memory = std::make_unique<GpuMemory>(*this, args.kind, args.size);
     *mapped = memory->host();
     return memory;
+}
+
+std::unique_ptr<sdk::Memory> GpuDevice::registerHost(const bp_memory_register_args &args) {
+    enter();
+    return std::make_unique<GpuMemory>(*this, args.host, args.size);
 }
 
 std::unique_ptr<sdk::Stream> GpuDevice::createStream(const bp_stream_create_args &) {
@@ -244,35 +259,59 @@ uint64_t GpuDevice::elapsedNs(sdk::Event &start, sdk::Event &end) {
 
 void GpuDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) {
     enter();
-    if (args.src == nullptr && args.size > 0)
-        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_host_to_device: src is NULL");
-    const auto dst = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
-    check(bpv::copyHtoD(driver_, dst, args.src, args.size, sdk::as<GpuStream>(stream).get()));
+    recordCopyHostToDevice(sdk::as<GpuStream>(stream).get(), args);
 }
 
 void GpuDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
     enter();
-    if (args.dst == nullptr && args.size > 0)
-        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_device_to_host: dst is NULL");
-    const auto src = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
-    check(bpv::copyDtoH(driver_, args.dst, src, args.size, sdk::as<GpuStream>(stream).get()));
+    recordCopyDeviceToHost(sdk::as<GpuStream>(stream).get(), args);
 }
 
 void GpuDevice::copyDeviceToDevice(sdk::Stream &stream,
                                    const bp_copy_device_to_device_args &args) {
     enter();
-    const auto src = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
-    const auto dst = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
-    check(bpv::copyDtoD(driver_, dst, src, args.size, sdk::as<GpuStream>(stream).get()));
+    recordCopyDeviceToDevice(sdk::as<GpuStream>(stream).get(), args);
 }
 
 void GpuDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
     enter();
+    recordFill(sdk::as<GpuStream>(stream).get(), args);
+}
+
+// An empty transfer is checked like any other and then records nothing: a stream capture may
+// refuse a copy of zero bytes, which a replay must not turn into an error.
+void GpuDevice::recordCopyHostToDevice(bpv::Stream stream,
+                                       const bp_copy_host_to_device_args &args) {
+    if (args.src == nullptr && args.size > 0)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_host_to_device: src is NULL");
+    const auto dst = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
+    if (args.size == 0) return;
+    check(bpv::copyHtoD(driver_, dst, args.src, args.size, stream));
+}
+
+void GpuDevice::recordCopyDeviceToHost(bpv::Stream stream,
+                                       const bp_copy_device_to_host_args &args) {
+    if (args.dst == nullptr && args.size > 0)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_device_to_host: dst is NULL");
+    const auto src = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
+    if (args.size == 0) return;
+    check(bpv::copyDtoH(driver_, args.dst, src, args.size, stream));
+}
+
+void GpuDevice::recordCopyDeviceToDevice(bpv::Stream stream,
+                                         const bp_copy_device_to_device_args &args) {
+    const auto src = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
+    const auto dst = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
+    if (args.size == 0) return;
+    check(bpv::copyDtoD(driver_, dst, src, args.size, stream));
+}
+
+void GpuDevice::recordFill(bpv::Stream stream, const bp_fill_args &args) {
     if (args.offset % 4 != 0 || args.size % 4 != 0)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "fill: offset and size must be multiples of 4");
     const auto dst = sdk::as<GpuMemory>(args.dst).at(args.offset, args.size);
-    check(bpv::fillD32(driver_, dst, args.pattern, args.size / 4,
-                       sdk::as<GpuStream>(stream).get()));
+    if (args.size == 0) return;
+    check(bpv::fillD32(driver_, dst, args.pattern, args.size / 4, stream));
 }
 
 void GpuDevice::copyPeer(sdk::Stream &stream, sdk::Device &source,

@@ -41,10 +41,15 @@ private:
     std::vector<std::pair<std::shared_ptr<CommState>, uint64_t>> marks_;
 };
 
-/// One page: device memory (cuMemAlloc) or pinned, mapped host memory (cuMemHostAlloc).
+/// One page: device memory (cuMemAlloc), pinned, mapped host memory (cuMemHostAlloc), or the
+/// application's host memory registered with the device (cuMemHostRegister, ABI 1.3).
 class GpuMemory : public sdk::Memory {
 public:
     GpuMemory(GpuDevice &device, bp_memory_kind kind, uint64_t size);
+    /// Registers [host, host + size) as a pinned page; the destructor unregisters it and never
+    /// frees it. A range the driver refuses (overlapping a registered one) is
+    /// BP_ERROR_INVALID_ARGUMENT.
+    GpuMemory(GpuDevice &device, void *host, uint64_t size);
     ~GpuMemory() override;
     GpuMemory(const GpuMemory &) = delete;
     GpuMemory &operator=(const GpuMemory &) = delete;
@@ -61,6 +66,7 @@ private:
     uint64_t size_;
     bpv::DevicePtr ptr_{};
     void *host_ = nullptr;
+    bool registered_ = false;
 };
 
 /// A non-blocking vendor stream.
@@ -126,6 +132,47 @@ private:
     std::vector<size_t> parameterSizes_; ///< in the device-side parameter layout
 };
 
+/// Owns a captured, not instantiated vendor graph (the template of an instantiation or update).
+class CapturedGraph {
+public:
+    explicit CapturedGraph(const bpv::Driver &driver) noexcept : driver_(driver) {}
+    ~CapturedGraph();
+    CapturedGraph(CapturedGraph &&other) noexcept
+        : driver_(other.driver_), graph_(std::exchange(other.graph_, nullptr)) {}
+    CapturedGraph &operator=(CapturedGraph &&) = delete;
+    CapturedGraph(const CapturedGraph &) = delete;
+    CapturedGraph &operator=(const CapturedGraph &) = delete;
+    bpv::Graph get() const noexcept { return graph_; }
+    /// Where endCapture writes the graph; empty before.
+    bpv::Graph *out() noexcept { return &graph_; }
+
+private:
+    const bpv::Driver &driver_;
+    bpv::Graph graph_{};
+};
+
+/// A recorded sequence (ABI 1.3, gpu_graph.cpp): the ops as the core handed them over, and the
+/// executable vendor graph captured from them. The ops are kept so that graph_update can capture
+/// the whole sequence again with one op replaced; the core keeps every page and kernel they name
+/// alive while the graph exists.
+class GpuGraph : public sdk::Graph {
+public:
+    GpuGraph(GpuDevice &device, std::vector<sdk::GraphOp> ops) noexcept
+        : device_(device), ops_(std::move(ops)) {}
+    ~GpuGraph() override;
+    GpuGraph(const GpuGraph &) = delete;
+    GpuGraph &operator=(const GpuGraph &) = delete;
+
+private:
+    friend class GpuDevice;
+    GpuDevice &device_;
+    /// The driver's executable graphs are not thread-safe: a launch and an update of the same
+    /// graph on two threads take turns.
+    std::mutex mutex_;
+    std::vector<sdk::GraphOp> ops_;
+    bpv::GraphExec exec_{};
+};
+
 /// Static description of one device, read without a context (see gpu_plugin.cpp).
 struct GpuDeviceDescription {
     bpv::DeviceId id{};
@@ -171,12 +218,19 @@ public:
 
     uint64_t nativeHandle(bp_native_kind kind, const void *object) override;
 
+    // Recorded sequences through stream capture: gpu_graph.cpp.
+    std::unique_ptr<sdk::Graph> createGraph(std::vector<sdk::GraphOp> &ops) override;
+    void launchGraph(sdk::Stream &stream, sdk::Graph &graph) override;
+    void updateGraph(sdk::Graph &graph, uint32_t index, sdk::GraphOp &op) override;
+
     /// Whether this device's context can read `src`'s memory directly (cuDeviceCanAccessPeer);
     /// the first positive answer also enables that access (cuCtxEnablePeerAccess), once per pair.
     bool peerAccess(sdk::Device &src) override;
     // Collectives through NCCL / RCCL: gpu_collectives.cpp.
     std::unique_ptr<sdk::Comm> createComm(const bp_comm_create_args &args) override;
     void collective(sdk::Stream &stream, sdk::Comm &comm, const bp_collective_args &args) override;
+    /// ABI 1.3 host registration (cuMemHostRegister): a GpuMemory over the application's range.
+    std::unique_ptr<sdk::Memory> registerHost(const bp_memory_register_args &args) override;
 
     /// Fails fast with BP_ERROR_DEVICE_LOST once lost; else makes the context current here.
     void enter() const;
@@ -200,6 +254,23 @@ private:
     PeerAccess peerAccessTo(GpuDevice &source);
     void markLost(const std::string &why) const;
 
+    // The checks and the vendor call of each recorded operation, on a vendor stream: the ABI
+    // entry points call them on the caller's stream, graph capture on captureStream_, so that a
+    // graph holds exactly what the ordinary calls would have recorded. The context is current.
+    void recordCopyHostToDevice(bpv::Stream stream, const bp_copy_host_to_device_args &args);
+    void recordCopyDeviceToHost(bpv::Stream stream, const bp_copy_device_to_host_args &args);
+    void recordCopyDeviceToDevice(bpv::Stream stream, const bp_copy_device_to_device_args &args);
+    void recordFill(bpv::Stream stream, const bp_fill_args &args);
+    void recordLaunch(bpv::Stream stream, const bp_launch_args &args);
+    void recordOp(bpv::Stream stream, const sdk::GraphOp &op);
+    /// Captures `ops` in order into a vendor graph. Throws an op's argument error as the ordinary
+    /// call would, BP_ERROR_UNSUPPORTED when the driver cannot capture an op.
+    CapturedGraph captureGraph(const std::vector<sdk::GraphOp> &ops);
+    /// Throws when a graph call failed: device lost and out of memory as such, anything else as
+    /// BP_ERROR_UNSUPPORTED (`what`: the ABI call), so that the core replays the ops instead.
+    void checkGraphCall(const bpv::Call &call, const std::string &what) const;
+    GpuGraph &ownGraph(sdk::Graph &graph, const char *what);
+
     const bpv::Driver &driver_;
     GpuDeviceDescription description_;
     std::shared_ptr<NcclLoader> nccl_;
@@ -214,6 +285,9 @@ private:
 
     std::mutex eventMutex_;
     std::vector<bpv::Event> freeEvents_[2]; // [timing]
+
+    std::mutex captureMutex_;     // one capture at a time on captureStream_
+    bpv::Stream captureStream_{}; // created on the first capture
 };
 
 } // namespace backplane::gpu

@@ -177,6 +177,10 @@ std::unique_ptr<sdk::Kernel> GpuDevice::load(const bp_kernel_load_args &args) {
 
 void GpuDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     enter();
+    recordLaunch(sdk::as<GpuStream>(stream).get(), args);
+}
+
+void GpuDevice::recordLaunch(bpv::Stream stream, const bp_launch_args &args) {
     if (args.grid_memory != nullptr)
         sdk::unsupported("kernel_launch with a grid read from memory (indirect dispatch: "
                          "the vendor API has no indirect launch)");
@@ -215,7 +219,7 @@ void GpuDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     if (args.grid[0] == 0 || args.grid[1] == 0 || args.grid[2] == 0) return;
     if (args.shared_memory_bytes > 0) kernel.allowSharedMemory(args.shared_memory_bytes);
     check(bpv::launch(driver_, kernel.function(), args.grid, args.block, args.shared_memory_bytes,
-                      sdk::as<GpuStream>(stream).get(), count > 0 ? params : nullptr),
+                      stream, count > 0 ? params : nullptr),
           BP_ERROR_LAUNCH);
 }
 

@@ -28,6 +28,8 @@ using Stream = CUstream;
 using Event = CUevent;
 using Module = CUmodule;
 using Function = CUfunction;
+using Graph = CUgraph;
+using GraphExec = CUgraphExec;
 using RtcResult = nvrtcResult;
 using RtcProgram = nvrtcProgram;
 
@@ -114,12 +116,25 @@ struct Call {
     X(cuModuleUnload)                                                                              \
     X(cuModuleGetFunction)                                                                         \
     X(cuFuncSetAttribute)                                                                          \
-    X(cuLaunchKernel)
+    X(cuLaunchKernel)                                                                              \
+    X(cuMemHostRegister)                                                                           \
+    X(cuMemHostUnregister)
 
 /// Driver entry points that older drivers lack: NULL in the table when absent, and the wrappers
 /// that use them report "unknown" instead of failing. X(symbol).
 /// cuFuncGetParamInfo: CUDA 12.4+ drivers; the launch check of the kernel's parameters.
-#define BPV_OPTIONAL_DRIVER_FUNCTIONS(X) X(cuFuncGetParamInfo)
+/// Graphs (hasGraphs, hasGraphUpdate): without them graph_create / graph_update are unsupported
+/// and the core replays the ops. The macros of cuda.h pick the current versions:
+/// cuStreamBeginCapture_v2, cuGraphInstantiateWithFlags (11.4+), cuGraphExecUpdate_v2 (12.0+).
+#define BPV_OPTIONAL_DRIVER_FUNCTIONS(X)                                                           \
+    X(cuFuncGetParamInfo)                                                                          \
+    X(cuStreamBeginCapture)                                                                        \
+    X(cuStreamEndCapture)                                                                          \
+    X(cuGraphInstantiate)                                                                          \
+    X(cuGraphLaunch)                                                                               \
+    X(cuGraphExecUpdate)                                                                           \
+    X(cuGraphExecDestroy)                                                                          \
+    X(cuGraphDestroy)
 
 /// Compiler entry points resolved at run time. X(symbol).
 #define BPV_RTC_FUNCTIONS(X)                                                                       \
@@ -288,6 +303,15 @@ inline Call hostAlloc(const Driver &d, void **p, size_t size) {
 inline Call hostFree(const Driver &d, void *p) {
     return {d.cuMemFreeHost(p), "cuMemFreeHost"};
 }
+/// Page-locks the application's range (ABI 1.3 memory_register) for every context, mapped like
+/// hostAlloc's pages.
+inline Call hostRegister(const Driver &d, void *p, size_t size) {
+    return {d.cuMemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP),
+            "cuMemHostRegister"};
+}
+inline Call hostUnregister(const Driver &d, void *p) {
+    return {d.cuMemHostUnregister(p), "cuMemHostUnregister"};
+}
 inline DevicePtr offsetPtr(DevicePtr p, uint64_t offset) { return p + offset; }
 /// Pinned host pages are addressable from the device at the same address (unified addressing).
 inline DevicePtr fromHostPtr(void *p) { return reinterpret_cast<DevicePtr>(p); }
@@ -380,6 +404,57 @@ inline ParamQuery paramInfo(const Driver &d, Function f, size_t index, size_t *s
     // (CUDA_ERROR_NOT_SUPPORTED, ...) leaves the kernel unchecked.
     if (r == CUDA_ERROR_INVALID_VALUE) return ParamQuery::PastEnd;
     return ParamQuery::Unknown;
+}
+
+// --- graphs (stream capture) ---------------------------------------------------------------------
+/// Whether the driver can capture, instantiate, launch and destroy graphs.
+inline bool hasGraphs(const Driver &d) {
+    return d.cuStreamBeginCapture != nullptr && d.cuStreamEndCapture != nullptr &&
+           d.cuGraphInstantiate != nullptr && d.cuGraphLaunch != nullptr &&
+           d.cuGraphExecDestroy != nullptr && d.cuGraphDestroy != nullptr;
+}
+/// Whether an instantiated graph can take the parameters of a new capture in place.
+inline bool hasGraphUpdate(const Driver &d) { return d.cuGraphExecUpdate != nullptr; }
+/// Starts capturing `s`. Thread-local mode: only this thread's capture-unsafe calls are refused,
+/// other threads of the process keep working.
+inline Call beginCapture(const Driver &d, Stream s) {
+    return {d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture"};
+}
+/// Ends the capture of `s`; *g is the captured graph, or NULL when the capture was invalidated.
+inline Call endCapture(const Driver &d, Stream s, Graph *g) {
+    return {d.cuStreamEndCapture(s, g), "cuStreamEndCapture"};
+}
+inline Call graphInstantiate(const Driver &d, GraphExec *e, Graph g) {
+    return {d.cuGraphInstantiate(e, g, 0), "cuGraphInstantiate"};
+}
+inline Call graphLaunch(const Driver &d, GraphExec e, Stream s) {
+    return {d.cuGraphLaunch(e, s), "cuGraphLaunch"};
+}
+/// Gives `e` the parameters of `g` (captured from the same sequence of operations); on a refusal
+/// `*why` says what the driver could not change, and `e` is unchanged.
+inline Call graphExecUpdate(const Driver &d, GraphExec e, Graph g, std::string *why) {
+    CUgraphExecUpdateResultInfo info{};
+    const Result r = d.cuGraphExecUpdate(e, g, &info);
+    switch (info.result) {
+    case CU_GRAPH_EXEC_UPDATE_SUCCESS: *why = ""; break;
+    case CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: *why = "the topology changed"; break;
+    case CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: *why = "a node type changed"; break;
+    case CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED:
+    case CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE:
+        *why = "a kernel changed";
+        break;
+    case CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED:
+        *why = "a node's parameters changed in a way it cannot take";
+        break;
+    default: *why = "CUgraphExecUpdateResult " + std::to_string(static_cast<int>(info.result));
+    }
+    return {r, "cuGraphExecUpdate"};
+}
+inline Call graphExecDestroy(const Driver &d, GraphExec e) {
+    return {d.cuGraphExecDestroy(e), "cuGraphExecDestroy"};
+}
+inline Call graphDestroy(const Driver &d, Graph g) {
+    return {d.cuGraphDestroy(g), "cuGraphDestroy"};
 }
 
 // --- runtime compilation ------------------------------------------------------------------------

@@ -26,6 +26,8 @@ using Stream = hipStream_t;
 using Event = hipEvent_t;
 using Module = hipModule_t;
 using Function = hipFunction_t;
+using Graph = hipGraph_t;
+using GraphExec = hipGraphExec_t;
 using RtcResult = hiprtcResult;
 using RtcProgram = hiprtcProgram;
 
@@ -106,10 +108,20 @@ using HostMallocFn = hipError_t (*)(void **, size_t, unsigned int);
     X(hipModuleLoadData)                                                                           \
     X(hipModuleUnload)                                                                             \
     X(hipModuleGetFunction)                                                                        \
-    X(hipModuleLaunchKernel)
+    X(hipModuleLaunchKernel)                                                                       \
+    X(hipHostRegister)                                                                             \
+    X(hipHostUnregister)
 
-// HIP 5.2 (Debian) has no query of a kernel's parameters: nothing optional to load.
-#define BPV_OPTIONAL_DRIVER_FUNCTIONS(X)
+// HIP 5.2 (Debian) has no query of a kernel's parameters. Graphs (beta in HIP 5.2): without
+// them graph_create / graph_update are unsupported and the core replays the ops.
+#define BPV_OPTIONAL_DRIVER_FUNCTIONS(X)                                                           \
+    X(hipStreamBeginCapture)                                                                       \
+    X(hipStreamEndCapture)                                                                         \
+    X(hipGraphInstantiate)                                                                         \
+    X(hipGraphLaunch)                                                                              \
+    X(hipGraphExecUpdate)                                                                          \
+    X(hipGraphExecDestroy)                                                                         \
+    X(hipGraphDestroy)
 
 #define BPV_RTC_FUNCTIONS(X)                                                                       \
     X(hiprtcGetErrorString)                                                                        \
@@ -256,6 +268,15 @@ inline Call hostAlloc(const Driver &d, void **p, size_t size) {
 inline Call hostFree(const Driver &d, void *p) {
     return {d.hipHostFree(p), "hipHostFree"};
 }
+/// Page-locks the application's range (ABI 1.3 memory_register) for every device, mapped like
+/// hostAlloc's pages.
+inline Call hostRegister(const Driver &d, void *p, size_t size) {
+    return {d.hipHostRegister(p, size, hipHostRegisterPortable | hipHostRegisterMapped),
+            "hipHostRegister"};
+}
+inline Call hostUnregister(const Driver &d, void *p) {
+    return {d.hipHostUnregister(p), "hipHostUnregister"};
+}
 inline DevicePtr offsetPtr(DevicePtr p, uint64_t offset) { return static_cast<char *>(p) + offset; }
 /// Pinned host pages are addressable from the device at the same address (unified addressing).
 inline DevicePtr fromHostPtr(void *p) { return p; }
@@ -332,6 +353,50 @@ enum class ParamQuery { Found, PastEnd, Unknown };
 /// for hipKernel_t library handles, not the module functions this plugin loads): unchecked.
 inline ParamQuery paramInfo(const Driver &, Function, size_t, size_t *) {
     return ParamQuery::Unknown;
+}
+
+inline bool hasGraphs(const Driver &d) {
+    return d.hipStreamBeginCapture != nullptr && d.hipStreamEndCapture != nullptr &&
+           d.hipGraphInstantiate != nullptr && d.hipGraphLaunch != nullptr &&
+           d.hipGraphExecDestroy != nullptr && d.hipGraphDestroy != nullptr;
+}
+inline bool hasGraphUpdate(const Driver &d) { return d.hipGraphExecUpdate != nullptr; }
+inline Call beginCapture(const Driver &d, Stream s) {
+    return {d.hipStreamBeginCapture(s, hipStreamCaptureModeThreadLocal), "hipStreamBeginCapture"};
+}
+inline Call endCapture(const Driver &d, Stream s, Graph *g) {
+    return {d.hipStreamEndCapture(s, g), "hipStreamEndCapture"};
+}
+inline Call graphInstantiate(const Driver &d, GraphExec *e, Graph g) {
+    return {d.hipGraphInstantiate(e, g, nullptr, nullptr, 0), "hipGraphInstantiate"};
+}
+inline Call graphLaunch(const Driver &d, GraphExec e, Stream s) {
+    return {d.hipGraphLaunch(e, s), "hipGraphLaunch"};
+}
+inline Call graphExecUpdate(const Driver &d, GraphExec e, Graph g, std::string *why) {
+    hipGraphNode_t errorNode{};
+    hipGraphExecUpdateResult result = hipGraphExecUpdateSuccess;
+    const Result r = d.hipGraphExecUpdate(e, g, &errorNode, &result);
+    switch (result) {
+    case hipGraphExecUpdateSuccess: *why = ""; break;
+    case hipGraphExecUpdateErrorTopologyChanged: *why = "the topology changed"; break;
+    case hipGraphExecUpdateErrorNodeTypeChanged: *why = "a node type changed"; break;
+    case hipGraphExecUpdateErrorFunctionChanged:
+    case hipGraphExecUpdateErrorUnsupportedFunctionChange:
+        *why = "a kernel changed";
+        break;
+    case hipGraphExecUpdateErrorParametersChanged:
+        *why = "a node's parameters changed in a way it cannot take";
+        break;
+    default: *why = "hipGraphExecUpdateResult " + std::to_string(static_cast<int>(result));
+    }
+    return {r, "hipGraphExecUpdate"};
+}
+inline Call graphExecDestroy(const Driver &d, GraphExec e) {
+    return {d.hipGraphExecDestroy(e), "hipGraphExecDestroy"};
+}
+inline Call graphDestroy(const Driver &d, Graph g) {
+    return {d.hipGraphDestroy(g), "hipGraphDestroy"};
 }
 
 /// hiprtc 5.2 reads the target from --offload-arch (or --gpu-architecture); without it, it asks

@@ -6,11 +6,13 @@
 #endif
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 namespace backplane::host {
@@ -18,6 +20,13 @@ namespace {
 
 // Pages are aligned to this, well above any binding alignment and SIMD width.
 constexpr uint64_t kPageAlignment = 256;
+
+/// dynamic_cast to a final class, as a comparison of the object's type with it (no walk of the
+/// class hierarchy): on every launch, copy, flush and wait.
+template <class Final, class Base> Final *exactly(Base &object) {
+    static_assert(std::is_final_v<Final> && std::is_base_of_v<Base, Final>);
+    return typeid(object) == typeid(Final) ? static_cast<Final *>(&object) : nullptr;
+}
 
 [[noreturn]] void invalid(const std::string &message) {
     throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, message);
@@ -65,17 +74,40 @@ bp_host_kernel_source readHostSource(const void *data, size_t size, const std::s
     return source;
 }
 
-/// Everything a launch needs at execution time, copied when it is recorded.
+/// Everything a launch needs at execution time, copied when it is recorded. Small launches (the
+/// common case) keep their bindings and scalars inline, so the task is one allocation.
 struct LaunchRecord {
+    static constexpr uint32_t kInlineBindings = 8;
+    static constexpr size_t kInlineScalarBytes = 64;
+
     bp_host_kernel_fn function = nullptr;
     const void *userData = nullptr;
     uint32_t grid[3] = {0, 0, 0};
     const unsigned char *indirectGrid = nullptr; ///< three uint32 read at execution time
     uint32_t block[3] = {1, 1, 1};
-    std::vector<void *> buffers;
-    std::vector<uint64_t> bufferSizes;
-    std::vector<unsigned char> scalars;
+    uint32_t bufferCount = 0;
+    size_t scalarSize = 0;
+    void *inlineBuffers[kInlineBindings] = {};
+    uint64_t inlineSizes[kInlineBindings] = {};
+    /// Cast to the kernel's scalar struct: aligned like malloc's memory.
+    alignas(std::max_align_t) unsigned char inlineScalars[kInlineScalarBytes] = {};
+    std::vector<void *> moreBuffers;        ///< all bindings, when more than kInlineBindings
+    std::vector<uint64_t> moreSizes;        ///< their sizes
+    std::vector<unsigned char> moreScalars; ///< all scalars, when more than kInlineScalarBytes
+    /// Indirect launches only (the message when the grid read is too large): the kernel may be
+    /// released before the launch runs.
     std::string entryPoint;
+
+    void *const *buffers() const noexcept {
+        return bufferCount <= kInlineBindings ? inlineBuffers : moreBuffers.data();
+    }
+    const uint64_t *bufferSizes() const noexcept {
+        return bufferCount <= kInlineBindings ? inlineSizes : moreSizes.data();
+    }
+    const unsigned char *scalars() const noexcept {
+        if (scalarSize == 0) return nullptr;
+        return scalarSize <= kInlineScalarBytes ? inlineScalars : moreScalars.data();
+    }
 };
 
 void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_info &info) {
@@ -88,6 +120,9 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
                              " read from grid_memory exceeds max_grid_size " +
                              dims(info.max_grid_size) + "; the launch was skipped");
     }
+    void *const *buffers = launch.buffers();
+    const uint64_t *bufferSizes = launch.bufferSizes();
+    const unsigned char *scalars = launch.scalars();
     const uint64_t perSlice = uint64_t{grid[0]} * grid[1];
     const uint64_t count = perSlice * grid[2];
     pool.run(count, [&](uint64_t i) {
@@ -98,11 +133,11 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
         context.workgroup[0] = static_cast<uint32_t>(i % grid[0]);
         context.workgroup[1] = static_cast<uint32_t>((i / grid[0]) % grid[1]);
         context.workgroup[2] = static_cast<uint32_t>(i / perSlice);
-        context.buffers = launch.buffers.data();
-        context.buffer_sizes = launch.bufferSizes.data();
-        context.buffer_count = static_cast<uint32_t>(launch.buffers.size());
-        context.scalars = launch.scalars.empty() ? nullptr : launch.scalars.data();
-        context.scalar_size = launch.scalars.size();
+        context.buffers = buffers;
+        context.buffer_sizes = bufferSizes;
+        context.buffer_count = launch.bufferCount;
+        context.scalars = scalars;
+        context.scalar_size = launch.scalarSize;
         context.user_data = launch.userData;
         launch.function(&context);
     });
@@ -110,10 +145,11 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
 
 } // namespace
 
-HostMemory::HostMemory(HostDevice &owner, void *data, uint64_t size)
-    : owner_(owner), data_(static_cast<unsigned char *>(data)), size_(size) {}
+HostMemory::HostMemory(HostDevice &owner, void *data, uint64_t size, bool owned)
+    : owner_(owner), data_(static_cast<unsigned char *>(data)), size_(size), owned_(owned) {}
 
 HostMemory::~HostMemory() {
+    if (!owned_) return; // registered: the application's memory
     std::free(data_);
     owner_.releaseBytes(size_);
 }
@@ -168,6 +204,10 @@ std::unique_ptr<sdk::Memory> HostDevice::allocate(const bp_memory_allocate_args 
     return std::make_unique<HostMemory>(*this, data, args.size);
 }
 
+std::unique_ptr<sdk::Memory> HostDevice::registerHost(const bp_memory_register_args &args) {
+    return std::make_unique<HostMemory>(*this, args.host, args.size, false);
+}
+
 void *HostDevice::map(sdk::Memory &memory) {
     auto *page = dynamic_cast<HostMemory *>(&memory);
     if (page == nullptr || &page->owner() != this)
@@ -176,7 +216,7 @@ void *HostDevice::map(sdk::Memory &memory) {
 }
 
 HostStream &HostDevice::ownStream(sdk::Stream &stream) const {
-    auto *hostStream = dynamic_cast<HostStream *>(&stream);
+    auto *hostStream = exactly<HostStream>(stream);
     if (hostStream == nullptr || hostStream->owner() != this)
         invalid("the stream was not created on this host device");
     return *hostStream;
@@ -184,7 +224,7 @@ HostStream &HostDevice::ownStream(sdk::Stream &stream) const {
 
 HostMemory &HostDevice::ownMemory(bp_memory *memory, const char *what) const {
     if (memory == nullptr) invalid(std::string(what) + " is NULL");
-    auto *page = dynamic_cast<HostMemory *>(&sdk::as<sdk::Memory>(memory));
+    auto *page = exactly<HostMemory>(sdk::as<sdk::Memory>(memory));
     if (page == nullptr || &page->owner() != this)
         invalid(std::string(what) +
                 " was not allocated on this host device (use copy_peer between devices)");
@@ -205,7 +245,7 @@ std::unique_ptr<sdk::Event> HostDevice::flush(sdk::Stream &stream, const bp_flus
 
 namespace {
 const HostEvent &hostEvent(sdk::Event &event) {
-    auto *found = dynamic_cast<HostEvent *>(&event);
+    auto *found = exactly<HostEvent>(event);
     if (found == nullptr) invalid("the event was not created by the host plugin");
     return *found;
 }
@@ -237,65 +277,81 @@ uint64_t HostDevice::elapsedNs(sdk::Event &start, sdk::Event &end) {
     return static_cast<uint64_t>(to - from);
 }
 
-void HostDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) {
-    HostStream &hostStream = ownStream(stream);
+HostDevice::Task HostDevice::hostToDeviceTask(const bp_copy_host_to_device_args &args) const {
     const HostMemory &dst = ownMemory(args.dst, "copy_host_to_device: dst");
     checkRange(dst, args.dst_offset, args.size, "copy_host_to_device", "dst");
-    if (args.size == 0) return;
+    if (args.size == 0) return {};
     if (args.src == nullptr) invalid("copy_host_to_device: src is NULL");
-    hostStream.submit([to = dst.data() + args.dst_offset, from = args.src, n = args.size] {
+    return [to = dst.data() + args.dst_offset, from = args.src, n = args.size] {
         std::memcpy(to, from, n);
-    });
+    };
 }
 
-void HostDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
-    HostStream &hostStream = ownStream(stream);
+HostDevice::Task HostDevice::deviceToHostTask(const bp_copy_device_to_host_args &args) const {
     const HostMemory &src = ownMemory(args.src, "copy_device_to_host: src");
     checkRange(src, args.src_offset, args.size, "copy_device_to_host", "src");
-    if (args.size == 0) return;
+    if (args.size == 0) return {};
     if (args.dst == nullptr) invalid("copy_device_to_host: dst is NULL");
-    hostStream.submit([to = args.dst, from = src.data() + args.src_offset, n = args.size] {
+    return [to = args.dst, from = src.data() + args.src_offset, n = args.size] {
         std::memcpy(to, from, n);
-    });
+    };
 }
 
-void HostDevice::copyBetween(sdk::Stream &stream, const HostMemory &source,
-                             const bp_copy_device_to_device_args &args, const char *operation) {
-    HostStream &hostStream = ownStream(stream);
+HostDevice::Task HostDevice::copyTask(const HostMemory &source,
+                                      const bp_copy_device_to_device_args &args,
+                                      const char *operation) const {
     const HostMemory &dst = ownMemory(args.dst, (std::string(operation) + ": dst").c_str());
     checkRange(source, args.src_offset, args.size, operation, "src");
     checkRange(dst, args.dst_offset, args.size, operation, "dst");
-    if (args.size == 0) return;
+    if (args.size == 0) return {};
     // memmove: a copy within one page may overlap.
-    hostStream.submit([to = dst.data() + args.dst_offset, from = source.data() + args.src_offset,
-                       n = args.size] { std::memmove(to, from, n); });
+    return [to = dst.data() + args.dst_offset, from = source.data() + args.src_offset,
+            n = args.size] { std::memmove(to, from, n); };
 }
 
-void HostDevice::copyDeviceToDevice(sdk::Stream &stream,
-                                    const bp_copy_device_to_device_args &args) {
-    copyBetween(stream, ownMemory(args.src, "copy_device_to_device: src"), args,
-                "copy_device_to_device");
-}
-
-void HostDevice::copyPeer(sdk::Stream &stream, sdk::Device &source,
-                          const bp_copy_device_to_device_args &args) {
-    auto *sourceDevice = dynamic_cast<HostDevice *>(&source);
-    if (sourceDevice == nullptr) invalid("copy_peer: the source device is not a host device");
-    copyBetween(stream, sourceDevice->ownMemory(args.src, "copy_peer: src"), args, "copy_peer");
-}
-
-void HostDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
-    HostStream &hostStream = ownStream(stream);
+HostDevice::Task HostDevice::fillTask(const bp_fill_args &args) const {
     const HostMemory &dst = ownMemory(args.dst, "fill: dst");
     if (args.offset % 4 != 0 || args.size % 4 != 0)
         invalid("fill: offset " + std::to_string(args.offset) + " and size " +
                 std::to_string(args.size) + " must be multiples of 4");
     checkRange(dst, args.offset, args.size, "fill", "dst");
-    if (args.size == 0) return;
-    hostStream.submit([to = dst.data() + args.offset, n = args.size, pattern = args.pattern] {
+    if (args.size == 0) return {};
+    return [to = dst.data() + args.offset, n = args.size, pattern = args.pattern] {
         for (uint64_t i = 0; i < n; i += 4)
             std::memcpy(to + i, &pattern, 4);
-    });
+    };
+}
+
+void HostDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    if (Task task = hostToDeviceTask(args)) hostStream.submit(std::move(task));
+}
+
+void HostDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    if (Task task = deviceToHostTask(args)) hostStream.submit(std::move(task));
+}
+
+void HostDevice::copyDeviceToDevice(sdk::Stream &stream,
+                                    const bp_copy_device_to_device_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    if (Task task = copyTask(ownMemory(args.src, "copy_device_to_device: src"), args,
+                             "copy_device_to_device"))
+        hostStream.submit(std::move(task));
+}
+
+void HostDevice::copyPeer(sdk::Stream &stream, sdk::Device &source,
+                          const bp_copy_device_to_device_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    auto *sourceDevice = dynamic_cast<HostDevice *>(&source);
+    if (sourceDevice == nullptr) invalid("copy_peer: the source device is not a host device");
+    if (Task task = copyTask(sourceDevice->ownMemory(args.src, "copy_peer: src"), args, "copy_peer"))
+        hostStream.submit(std::move(task));
+}
+
+void HostDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    if (Task task = fillTask(args)) hostStream.submit(std::move(task));
 }
 
 void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput &out) {
@@ -330,10 +386,9 @@ std::unique_ptr<sdk::Kernel> HostDevice::load(const bp_kernel_load_args &args) {
     return std::make_unique<HostKernel>(source.function, source.user_data, entry);
 }
 
-void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
-    HostStream &hostStream = ownStream(stream);
+HostDevice::Task HostDevice::launchTask(const bp_launch_args &args) {
     if (args.kernel == nullptr) invalid("kernel_launch: kernel is NULL");
-    auto *kernel = dynamic_cast<HostKernel *>(&sdk::as<sdk::Kernel>(args.kernel));
+    auto *kernel = exactly<HostKernel>(sdk::as<sdk::Kernel>(args.kernel));
     if (kernel == nullptr) invalid("kernel_launch: the kernel was not loaded by the host plugin");
     // Messages are built only on failure: this is the launch hot path.
     const auto what = [kernel] { return "kernel_launch of '" + kernel->entryPoint() + "'"; };
@@ -341,7 +396,6 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     LaunchRecord record;
     record.function = kernel->function();
     record.userData = kernel->userData();
-    record.entryPoint = kernel->entryPoint();
 
     uint64_t threads = 1;
     for (int d = 0; d < 3; ++d) {
@@ -366,6 +420,7 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
                     " must be a multiple of 4");
         checkRange(gridPage, args.grid_offset, 3 * sizeof(uint32_t), what().c_str(), "grid_memory");
         record.indirectGrid = gridPage.data() + args.grid_offset;
+        record.entryPoint = kernel->entryPoint();
     } else {
         for (int d = 0; d < 3; ++d) {
             if (args.grid[d] > info_.max_grid_size[d])
@@ -382,6 +437,14 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     if (args.binding_count > 0 && args.bindings == nullptr)
         invalid(what() + ": binding_count is " + std::to_string(args.binding_count) +
                 " but bindings is NULL");
+    record.bufferCount = args.binding_count;
+    const bool inlineBindings = args.binding_count <= LaunchRecord::kInlineBindings;
+    if (!inlineBindings) {
+        record.moreBuffers.resize(args.binding_count);
+        record.moreSizes.resize(args.binding_count);
+    }
+    void **buffers = inlineBindings ? record.inlineBuffers : record.moreBuffers.data();
+    uint64_t *bufferSizes = inlineBindings ? record.inlineSizes : record.moreSizes.data();
     for (uint32_t i = 0; i < args.binding_count; ++i) {
         const bp_binding &binding = args.bindings[i];
         try {
@@ -391,8 +454,8 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
                         " is not a multiple of binding_alignment " +
                         std::to_string(info_.binding_alignment));
             checkRange(page, binding.offset, binding.size, "range", "binding");
-            record.buffers.push_back(page.data() + binding.offset);
-            record.bufferSizes.push_back(binding.size);
+            buffers[i] = page.data() + binding.offset;
+            bufferSizes[i] = binding.size;
         } catch (const sdk::Error &e) {
             throw sdk::Error(e.code(), what() + ": binding " + std::to_string(i) + ": " + e.what());
         }
@@ -405,11 +468,90 @@ void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
         if (args.scalars == nullptr)
             invalid(what() + ": scalar_size is " + std::to_string(args.scalar_size) +
                     " but scalars is NULL");
+        // The caller's bytes may change after the call.
         const auto *bytes = static_cast<const unsigned char *>(args.scalars);
-        record.scalars.assign(bytes, bytes + args.scalar_size); // the caller's bytes may change
+        record.scalarSize = args.scalar_size;
+        if (args.scalar_size <= LaunchRecord::kInlineScalarBytes)
+            std::memcpy(record.inlineScalars, bytes, args.scalar_size);
+        else
+            record.moreScalars.assign(bytes, bytes + args.scalar_size);
     }
 
-    hostStream.submit([this, launch = std::move(record)] { runLaunch(launch, pool_, info_); });
+    return [this, launch = std::move(record)] { runLaunch(launch, pool_, info_); };
+}
+
+void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
+    HostStream &hostStream = ownStream(stream);
+    hostStream.submit(launchTask(args));
+}
+
+// ----- graphs (ABI 1.3): replay lists -----------------------------------------------------------
+
+HostGraph::Step HostDevice::graphStep(const sdk::GraphOp &op) {
+    HostGraph::Step step;
+    step.kind = op.kind;
+    switch (op.kind) {
+    case BP_GRAPH_OP_LAUNCH:
+        step.kernel = op.launch.kernel;
+        std::copy(std::begin(op.launch.block), std::end(op.launch.block), step.block);
+        step.bindingCount = op.launch.binding_count;
+        step.run = launchTask(op.launch);
+        break;
+    case BP_GRAPH_OP_COPY_HOST_TO_DEVICE: step.run = hostToDeviceTask(op.toDevice); break;
+    case BP_GRAPH_OP_COPY_DEVICE_TO_HOST: step.run = deviceToHostTask(op.toHost); break;
+    case BP_GRAPH_OP_COPY_DEVICE_TO_DEVICE:
+        step.run = copyTask(ownMemory(op.copy.src, "copy_device_to_device: src"), op.copy,
+                            "copy_device_to_device");
+        break;
+    case BP_GRAPH_OP_FILL: step.run = fillTask(op.fill); break;
+    }
+    return step;
+}
+
+std::unique_ptr<sdk::Graph> HostDevice::createGraph(std::vector<sdk::GraphOp> &ops) {
+    std::vector<HostGraph::Step> steps;
+    steps.reserve(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+        try {
+            steps.push_back(graphStep(ops[i]));
+        } catch (const sdk::Error &e) {
+            throw sdk::Error(e.code(), "graph_create: op " + std::to_string(i) + ": " + e.what());
+        }
+    }
+    return std::make_unique<HostGraph>(std::move(steps));
+}
+
+void HostDevice::launchGraph(sdk::Stream &stream, sdk::Graph &graph) {
+    HostStream &hostStream = ownStream(stream);
+    auto *list = dynamic_cast<HostGraph *>(&graph);
+    if (list == nullptr) invalid("graph_launch: the graph was not made by the host plugin");
+    // One task for the whole list: the per-op cost is a call, not a queue hand-off.
+    hostStream.submit([steps = list->steps()] {
+        for (const HostGraph::Step &step : *steps)
+            if (step.run) step.run();
+    });
+}
+
+void HostDevice::updateGraph(sdk::Graph &graph, uint32_t index, sdk::GraphOp &op) {
+    auto *list = dynamic_cast<HostGraph *>(&graph);
+    if (list == nullptr) invalid("graph_update: the graph was not made by the host plugin");
+    const std::vector<HostGraph::Step> &steps = *list->steps();
+    const std::string what = "graph_update: op " + std::to_string(index);
+    if (index >= steps.size())
+        invalid(what + " does not exist: the graph has " + std::to_string(steps.size()) + " ops");
+    const HostGraph::Step &old = steps[index];
+    if (op.kind != old.kind)
+        invalid(what + ": the kind cannot change (" + std::to_string(old.kind) + " -> " +
+                std::to_string(op.kind) + ")");
+    if (op.kind == BP_GRAPH_OP_LAUNCH &&
+        (op.launch.kernel != old.kernel || op.launch.binding_count != old.bindingCount ||
+         !std::equal(std::begin(old.block), std::end(old.block), std::begin(op.launch.block))))
+        invalid(what + ": a launch keeps its kernel, block size and number of bindings");
+    HostGraph::Step step = graphStep(op);
+    // Copy on write: a replay already queued runs the list it captured.
+    auto next = std::make_shared<std::vector<HostGraph::Step>>(steps);
+    (*next)[index] = std::move(step);
+    list->replace(std::move(next));
 }
 
 bool HostDevice::peerAccess(sdk::Device &src) {

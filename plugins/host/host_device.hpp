@@ -10,17 +10,20 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace backplane::host {
 
 class HostDevice;
 
-/// A page of host memory (every bp_memory_kind is the same aligned host allocation).
+/// A page of host memory (every bp_memory_kind is the same aligned host allocation), or the
+/// application's memory registered as a pinned page (`owned` false: never freed, not counted).
 class HostMemory final : public sdk::Memory {
 public:
-    HostMemory(HostDevice &owner, void *data, uint64_t size);
-    /// Frees the allocation and returns its bytes to the device's budget.
+    HostMemory(HostDevice &owner, void *data, uint64_t size, bool owned = true);
+    /// Frees an owned allocation and returns its bytes to the device's budget.
     ~HostMemory() override;
     HostMemory(const HostMemory &) = delete;
     HostMemory &operator=(const HostMemory &) = delete;
@@ -33,6 +36,7 @@ private:
     HostDevice &owner_;
     unsigned char *data_;
     uint64_t size_;
+    bool owned_;
 };
 
 /// A loaded host-dialect kernel: a function pointer of this process and the caller's user_data
@@ -50,6 +54,27 @@ private:
     bp_host_kernel_fn function_;
     const void *userData_;
     std::string entryPoint_;
+};
+
+/// A replay list (ABI 1.3 graph): the ops, checked once and turned into the tasks a stream runs.
+/// A replay is one task that runs them in order. An update replaces the list (copy on write), so
+/// a replay already queued keeps the list it was issued with.
+class HostGraph final : public sdk::Graph {
+public:
+    struct Step {
+        bp_graph_op_kind kind = BP_GRAPH_OP_LAUNCH;
+        bp_kernel *kernel = nullptr; ///< launches: what an update must keep
+        uint32_t block[3] = {1, 1, 1};
+        uint32_t bindingCount = 0;
+        std::function<void()> run;   ///< empty for an op of 0 bytes
+    };
+    explicit HostGraph(std::vector<Step> steps)
+        : steps_(std::make_shared<const std::vector<Step>>(std::move(steps))) {}
+    const std::shared_ptr<const std::vector<Step>> &steps() const noexcept { return steps_; }
+    void replace(std::shared_ptr<const std::vector<Step>> steps) { steps_ = std::move(steps); }
+
+private:
+    std::shared_ptr<const std::vector<Step>> steps_;
 };
 
 /// One opened host device. Thread-safe per the ABI rules: allocation accounting is atomic, the
@@ -92,6 +117,15 @@ public:
 
     uint64_t nativeHandle(bp_native_kind kind, const void *object) override;
 
+    std::unique_ptr<sdk::Graph> createGraph(std::vector<sdk::GraphOp> &ops) override;
+    void launchGraph(sdk::Stream &stream, sdk::Graph &graph) override;
+    void updateGraph(sdk::Graph &graph, uint32_t index, sdk::GraphOp &op) override;
+
+    /// ABI 1.3 host registration: host memory is what this device copies from anyway, so the
+    /// page only wraps the application's range (a copy from it is one memcpy, as from a pinned
+    /// page); it is never freed and not counted against memory_bytes.
+    std::unique_ptr<sdk::Memory> registerHost(const bp_memory_register_args &args) override;
+
     /// True for every host device of the same plugin instance (also this one): copy_peer works
     /// between them and their events are plain counters that any host stream can wait for.
     bool peerAccess(sdk::Device &src) override;
@@ -106,8 +140,16 @@ public:
 private:
     HostStream &ownStream(sdk::Stream &stream) const;
     HostMemory &ownMemory(bp_memory *memory, const char *what) const;
-    void copyBetween(sdk::Stream &stream, const HostMemory &source,
-                     const bp_copy_device_to_device_args &args, const char *operation);
+    /// What a stream runs for each operation, checked like the call (empty for 0 bytes): the
+    /// ordinary calls submit it, graphs keep it.
+    using Task = std::function<void()>;
+    Task hostToDeviceTask(const bp_copy_host_to_device_args &args) const;
+    Task deviceToHostTask(const bp_copy_device_to_host_args &args) const;
+    Task copyTask(const HostMemory &source, const bp_copy_device_to_device_args &args,
+                  const char *operation) const;
+    Task fillTask(const bp_fill_args &args) const;
+    Task launchTask(const bp_launch_args &args);
+    HostGraph::Step graphStep(const sdk::GraphOp &op);
 
     const bp_device_info info_;
     const void *plugin_;

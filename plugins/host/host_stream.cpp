@@ -20,22 +20,37 @@ constexpr uint64_t kForeverNs = uint64_t{1} << 62;
 } // namespace
 
 void Timeline::advance(bp_status failure, const std::string &message) {
-    {
+    if (failure != BP_SUCCESS) {
         std::lock_guard lock(mutex_);
-        if (failure != BP_SUCCESS && failedTask_ == 0) {
+        if (failedTask_ == 0) {
             failedTask_ = completed_.load(std::memory_order_relaxed) + 1;
             failure_ = failure;
             failureMessage_ = message;
         }
-        completed_.fetch_add(1, std::memory_order_release);
+        completed_.fetch_add(1, std::memory_order_seq_cst);
+    } else {
+        completed_.fetch_add(1, std::memory_order_seq_cst); // the common case takes no lock
     }
-    changed_.notify_all();
+    // A waiter counts itself in before it checks completed_ under the mutex (both sequentially
+    // consistent): either its check sees the new count, or this load sees the waiter. Taking the
+    // mutex before notifying means the waiter is not between its check and its wait.
+    if (waiters_.load(std::memory_order_seq_cst) != 0) {
+        { std::lock_guard lock(mutex_); }
+        changed_.notify_all();
+    }
 }
 
 bool Timeline::waitFor(uint64_t value, uint64_t timeoutNs) const {
     if (completed() >= value) return true;
+    struct Counted {
+        std::atomic<uint32_t> &waiters;
+        explicit Counted(std::atomic<uint32_t> &w) : waiters(w) {
+            waiters.fetch_add(1, std::memory_order_seq_cst);
+        }
+        ~Counted() { waiters.fetch_sub(1, std::memory_order_relaxed); }
+    } counted(waiters_);
     std::unique_lock lock(mutex_);
-    const auto reached = [&] { return completed() >= value; };
+    const auto reached = [&] { return completed_.load(std::memory_order_seq_cst) >= value; };
     if (timeoutNs >= kForeverNs) {
         changed_.wait(lock, reached);
         return true;
@@ -120,27 +135,32 @@ void HostStream::waitEvent(const HostEvent &event) {
 }
 
 void HostStream::runWorker() {
+    // Everything queued is taken at once: one lock per batch, not per task, on the side the
+    // recording thread contends with.
+    std::deque<std::function<void()>> batch;
     for (;;) {
-        std::function<void()> task;
         {
             std::unique_lock lock(queueMutex_);
             queueChanged_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
             if (queue_.empty()) return; // stopping and drained
-            task = std::move(queue_.front());
-            queue_.pop_front();
+            batch.swap(queue_);
         }
-        try {
-            task();
-            timeline_->advance();
-        } catch (const sdk::Error &e) {
-            timeline_->advance(e.code(), e.what());
-        } catch (const std::exception &e) {
-            timeline_->advance(BP_ERROR_INTERNAL,
-                               std::string("host stream task failed: ") + e.what());
-        } catch (...) {
-            timeline_->advance(BP_ERROR_INTERNAL,
-                               "host stream task failed with a non-standard exception");
+        for (std::function<void()> &task : batch) {
+            try {
+                task();
+                timeline_->advance();
+            } catch (const sdk::Error &e) {
+                timeline_->advance(e.code(), e.what());
+            } catch (const std::exception &e) {
+                timeline_->advance(BP_ERROR_INTERNAL,
+                                   std::string("host stream task failed: ") + e.what());
+            } catch (...) {
+                timeline_->advance(BP_ERROR_INTERNAL,
+                                   "host stream task failed with a non-standard exception");
+            }
+            task = nullptr; // what it captured goes now, as it would one task at a time
         }
+        batch.clear();
     }
 }
 

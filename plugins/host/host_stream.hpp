@@ -18,7 +18,8 @@ namespace backplane::host {
 /// The completion counter of one stream. Task n (counted from 1 in submission order) is done when
 /// completed() >= n. Shared by the stream and every event flushed from it, so events outlive their
 /// stream. A task that fails (throws sdk::Error) is still counted as done; its failure is recorded
-/// and reported by every event at or after it. Thread-safe.
+/// and reported by every event at or after it. Thread-safe; advancing takes no lock unless a task
+/// failed or a thread waits.
 class Timeline {
 public:
     /// Number of tasks completed so far; never blocks.
@@ -33,6 +34,7 @@ public:
 
 private:
     std::atomic<uint64_t> completed_{0};
+    mutable std::atomic<uint32_t> waiters_{0}; ///< threads in waitFor(): advance() wakes them
     mutable std::mutex mutex_;
     mutable std::condition_variable changed_;
     uint64_t failedTask_ = 0; ///< 0: no failure

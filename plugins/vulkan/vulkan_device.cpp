@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace backplane::vulkan {
 namespace {
@@ -122,6 +123,101 @@ VulkanEvent::~VulkanEvent() {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The barrier rule
+
+void Barrier::record(const DeviceFunctions &fn, VkCommandBuffer commands) const {
+    if (dstStages == 0) return;
+    auto barrier = vkStruct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+    barrier.srcAccessMask = srcAccess;
+    barrier.dstAccessMask = dstAccess;
+    fn.vkCmdPipelineBarrier(commands, srcStages, dstStages, 0, 1, &barrier, 0, nullptr, 0,
+                            nullptr);
+}
+
+bool BarrierTracker::conflicts(StageClass stage, const BufferRange &range, bool write) const {
+    for (const PendingAccess &p : pending_[static_cast<size_t>(stage)])
+        if ((write || p.writes != 0) && overlaps(range, p.range)) return true;
+    return false;
+}
+
+Barrier BarrierTracker::barrierTowards(uint32_t hazards) {
+    // Above this many tracked ranges a barrier is cheaper than the bookkeeping.
+    for (size_t c = 0; c < kStageClassCount; ++c)
+        if (pending_[c].size() > kMaxTrackedRanges) hazards |= 1u << c;
+    Barrier barrier;
+    for (size_t c = 0; c < kStageClassCount; ++c) {
+        if (!(hazards & (1u << c))) continue;
+        for (const PendingAccess &p : pending_[c]) {
+            barrier.srcStages |= p.stages;
+            barrier.srcAccess |= p.writes;
+        }
+        barrier.dstStages |= kStageClassFlags[c].stages;
+        barrier.dstAccess |= kStageClassFlags[c].dstAccess;
+        pending_[c].clear();
+    }
+    return barrier;
+}
+
+void BarrierTracker::note(StageClass stage, const BufferRange &range, bool write) {
+    // Every access stays pending for each stage class until a barrier towards that class. The
+    // same range used again (the common case: a kernel over the same buffers) widens its entry
+    // instead of growing the list.
+    const StageClassFlags &flags = kStageClassFlags[static_cast<size_t>(stage)];
+    const VkAccessFlags writes = write ? flags.writeAccess : 0;
+    for (auto &pending : pending_) {
+        bool found = false;
+        for (PendingAccess &p : pending)
+            if (p.range.buffer == range.buffer && p.range.begin == range.begin &&
+                p.range.end == range.end) {
+                p.stages |= flags.stages;
+                p.writes |= writes;
+                found = true;
+                break;
+            }
+        if (!found) pending.push_back({range, flags.stages, writes});
+    }
+}
+
+Barrier BarrierTracker::order(StageClass stage, const BufferRange *reads, size_t readCount,
+                              const BufferRange *writes, size_t writeCount,
+                              const BufferRange *indirectRead) {
+    uint32_t hazards = 0; // bit per stage class whose pending accesses must be ordered first
+    const uint32_t bit = 1u << static_cast<uint32_t>(stage);
+    for (size_t i = 0; i < readCount && !(hazards & bit); ++i)
+        if (conflicts(stage, reads[i], false)) hazards |= bit;
+    for (size_t i = 0; i < writeCount && !(hazards & bit); ++i)
+        if (conflicts(stage, writes[i], true)) hazards |= bit;
+    if (indirectRead != nullptr && conflicts(StageClass::Indirect, *indirectRead, false))
+        hazards |= 1u << static_cast<uint32_t>(StageClass::Indirect);
+    const Barrier barrier = barrierTowards(hazards);
+    for (size_t i = 0; i < readCount; ++i) note(stage, reads[i], false);
+    for (size_t i = 0; i < writeCount; ++i) note(stage, writes[i], true);
+    if (indirectRead != nullptr) note(StageClass::Indirect, *indirectRead, false);
+    if (writeCount > 0) {
+        const StageClassFlags &flags = kStageClassFlags[static_cast<size_t>(stage)];
+        writeStages_ |= flags.stages;
+        writeAccess_ |= flags.writeAccess;
+    }
+    return barrier;
+}
+
+Barrier BarrierTracker::order(const std::vector<Access> &accesses) {
+    uint32_t hazards = 0;
+    for (const Access &a : accesses)
+        if (conflicts(a.stage, a.range, a.write)) hazards |= 1u << static_cast<uint32_t>(a.stage);
+    const Barrier barrier = barrierTowards(hazards);
+    for (const Access &a : accesses) note(a.stage, a.range, a.write);
+    return barrier;
+}
+
+std::pair<VkPipelineStageFlags, VkAccessFlags> BarrierTracker::takeWrites() noexcept {
+    const std::pair<VkPipelineStageFlags, VkAccessFlags> writes{writeStages_, writeAccess_};
+    writeStages_ = 0;
+    writeAccess_ = 0;
+    return writes;
+}
+
+// ------------------------------------------------------------------------------------------------
 // VulkanStream
 
 VulkanStream::VulkanStream(VulkanDevice &device, uint32_t queueIndex)
@@ -221,79 +317,20 @@ VkCommandBuffer VulkanStream::record() {
     return slot_->commands;
 }
 
-void VulkanStream::notePending(std::vector<PendingAccess> &pending, const BufferRange &range,
-                               VkPipelineStageFlags stages, VkAccessFlags writes) {
-    // The same range used again (the common case: a kernel over the same buffers) widens its
-    // entry instead of growing the list.
-    for (PendingAccess &p : pending)
-        if (p.range.buffer == range.buffer && p.range.begin == range.begin &&
-            p.range.end == range.end) {
-            p.stages |= stages;
-            p.writes |= writes;
-            return;
-        }
-    pending.push_back({range, stages, writes});
-}
-
 void VulkanStream::orderAccess(StageClass stage, const BufferRange *reads, size_t readCount,
                                const BufferRange *writes, size_t writeCount,
                                const BufferRange *indirectRead) {
-    // Ranges stay tracked across submits of this stream: its batches go to one queue, and a
-    // barrier in a later batch orders against earlier batches in submission order.
-    const auto conflicts = [this](StageClass c, const BufferRange &range, bool write) {
-        for (const PendingAccess &p : pending_[static_cast<size_t>(c)])
-            if ((write || p.writes != 0) && overlaps(range, p.range)) return true;
-        return false;
-    };
-    uint32_t hazards = 0; // bit per stage class whose pending accesses must be ordered first
-    const uint32_t bit = 1u << static_cast<uint32_t>(stage);
-    for (size_t i = 0; i < readCount && !(hazards & bit); ++i)
-        if (conflicts(stage, reads[i], false)) hazards |= bit;
-    for (size_t i = 0; i < writeCount && !(hazards & bit); ++i)
-        if (conflicts(stage, writes[i], true)) hazards |= bit;
-    if (indirectRead != nullptr && conflicts(StageClass::Indirect, *indirectRead, false))
-        hazards |= 1u << static_cast<uint32_t>(StageClass::Indirect);
-    // Above this many tracked ranges a barrier is cheaper than the bookkeeping.
-    for (size_t c = 0; c < kStageClassCount; ++c)
-        if (pending_[c].size() > kMaxTrackedRanges) hazards |= 1u << c;
-
+    const Barrier barrier =
+        barriers_.order(stage, reads, readCount, writes, writeCount, indirectRead);
     VkCommandBuffer commands = record();
-    if (hazards != 0) {
-        VkPipelineStageFlags srcStages = 0, dstStages = 0;
-        auto barrier = vkStruct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-        for (size_t c = 0; c < kStageClassCount; ++c) {
-            if (!(hazards & (1u << c))) continue;
-            for (const PendingAccess &p : pending_[c]) {
-                srcStages |= p.stages;
-                barrier.srcAccessMask |= p.writes;
-            }
-            dstStages |= kStageClassFlags[c].stages;
-            barrier.dstAccessMask |= kStageClassFlags[c].dstAccess;
-            pending_[c].clear();
-        }
-        device_.fn().vkCmdPipelineBarrier(commands, srcStages, dstStages, 0, 1, &barrier, 0,
-                                          nullptr, 0, nullptr);
-    }
-    // Every access stays pending for each stage class until a barrier towards that class.
-    const StageClassFlags &flags = kStageClassFlags[static_cast<size_t>(stage)];
-    for (auto &pending : pending_) {
-        for (size_t i = 0; i < readCount; ++i) notePending(pending, reads[i], flags.stages, 0);
-        for (size_t i = 0; i < writeCount; ++i)
-            notePending(pending, writes[i], flags.stages, flags.writeAccess);
-        if (indirectRead != nullptr)
-            notePending(pending, *indirectRead, VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, 0);
-    }
-    if (writeCount > 0) {
-        batchWriteStages_ |= flags.stages;
-        batchWriteAccess_ |= flags.writeAccess;
-    }
+    barrier.record(device_.fn(), commands);
 }
 
 void VulkanStream::commandRecorded() {
     if (++commandCount_ >= device_.physical().batchCommands) submit(false);
 }
 
-int32_t VulkanStream::submit(bool timing) {
+int32_t VulkanStream::submit(bool timing, VkCommandBuffer graph) {
     const auto &fn = device_.fn();
     int32_t querySlot = -1;
     if (timing) {
@@ -303,17 +340,22 @@ int32_t VulkanStream::submit(bool timing) {
         fn.vkCmdWriteTimestamp(commands, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, device_.queryPool(),
                                static_cast<uint32_t>(querySlot));
     }
+    const auto [writeStages, writeAccess] = barriers_.takeWrites();
     if (slot_) {
-        if (batchWriteStages_ != 0) {
+        if (writeStages != 0) {
             // Device writes become visible to host reads after the semaphore wait.
             auto barrier = vkStruct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-            barrier.srcAccessMask = batchWriteAccess_;
+            barrier.srcAccessMask = writeAccess;
             barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-            fn.vkCmdPipelineBarrier(slot_->commands, batchWriteStages_, VK_PIPELINE_STAGE_HOST_BIT,
-                                    0, 1, &barrier, 0, nullptr, 0, nullptr);
+            fn.vkCmdPipelineBarrier(slot_->commands, writeStages, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                                    &barrier, 0, nullptr, 0, nullptr);
         }
         device_.check(fn.vkEndCommandBuffer(slot_->commands), "vkEndCommandBuffer");
     }
+    VkCommandBuffer commandBuffers[2];
+    uint32_t commandBufferCount = 0;
+    if (slot_) commandBuffers[commandBufferCount++] = slot_->commands;
+    if (graph != VK_NULL_HANDLE) commandBuffers[commandBufferCount++] = graph;
     std::vector<VkSemaphore> waitSemaphores;
     std::vector<uint64_t> waitValues;
     std::vector<VkPipelineStageFlags> waitStages;
@@ -333,8 +375,8 @@ int32_t VulkanStream::submit(bool timing) {
     info.waitSemaphoreCount = static_cast<uint32_t>(waitSemaphores.size());
     info.pWaitSemaphores = waitSemaphores.data();
     info.pWaitDstStageMask = waitStages.data();
-    info.commandBufferCount = slot_ ? 1 : 0;
-    info.pCommandBuffers = slot_ ? &slot_->commands : nullptr;
+    info.commandBufferCount = commandBufferCount;
+    info.pCommandBuffers = commandBufferCount > 0 ? commandBuffers : nullptr;
     info.signalSemaphoreCount = 1;
     info.pSignalSemaphores = &timeline_->semaphore;
     try {
@@ -351,9 +393,15 @@ int32_t VulkanStream::submit(bool timing) {
     }
     waits_.clear();
     commandCount_ = 0;
-    batchWriteStages_ = 0;
-    batchWriteAccess_ = 0;
     return querySlot;
+}
+
+void VulkanStream::submitGraph(const VulkanGraph &graph) {
+    // The barrier goes at the end of the open batch (opened for it if need be): its second
+    // scope covers the graph's commands, which come later in submission order.
+    const Barrier barrier = barriers_.order(graph.accesses());
+    if (barrier.dstStages != 0) barrier.record(device_.fn(), record());
+    submit(false, graph.record());
 }
 
 void VulkanStream::waitOn(std::shared_ptr<Timeline> timeline, uint64_t value) {
@@ -749,7 +797,43 @@ uint64_t VulkanDevice::elapsedNs(sdk::Event &start, sdk::Event &end) {
 
 void VulkanDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) {
     failIfUnusable();
-    auto &s = sdk::as<VulkanStream>(stream);
+    recordHostToDevice(sdk::as<VulkanStream>(stream), args);
+}
+
+void VulkanDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
+    failIfUnusable();
+    recordDeviceToHost(sdk::as<VulkanStream>(stream), args);
+}
+
+void VulkanDevice::copyDeviceToDevice(sdk::Stream &stream,
+                                      const bp_copy_device_to_device_args &args) {
+    failIfUnusable();
+    recordDeviceToDevice(sdk::as<VulkanStream>(stream), args);
+}
+
+void VulkanDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
+    failIfUnusable();
+    recordFill(sdk::as<VulkanStream>(stream), args);
+}
+
+void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
+    failIfUnusable();
+    recordLaunch(sdk::as<VulkanStream>(stream), args);
+}
+
+template <class Recorder>
+void VulkanDevice::recordBufferCopy(Recorder &r, const VulkanMemory &src, uint64_t srcOffset,
+                                    const VulkanMemory &dst, uint64_t dstOffset, uint64_t size) {
+    const BufferRange read{src.buffer(), srcOffset, srcOffset + size};
+    const BufferRange write{dst.buffer(), dstOffset, dstOffset + size};
+    r.orderAccess(StageClass::Transfer, &read, 1, &write, 1);
+    const VkBufferCopy region{srcOffset, dstOffset, size};
+    fn_.vkCmdCopyBuffer(r.record(), src.buffer(), dst.buffer(), 1, &region);
+    r.commandRecorded();
+}
+
+template <class Recorder>
+void VulkanDevice::recordHostToDevice(Recorder &r, const bp_copy_host_to_device_args &args) {
     VulkanMemory &dst = memoryOf(args.dst);
     checkRange(dst, args.dst_offset, args.size, "copy_host_to_device");
     if (args.size == 0) return;
@@ -758,63 +842,58 @@ void VulkanDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_d
     uint64_t srcOffset = 0;
     VulkanMemory *src = findPinned(args.src, args.size, srcOffset);
     if (src == nullptr) {
-        // Not our memory: copy it into staging now (the caller's buffer is free at return).
-        const auto staging = s.staging(args.size);
-        std::memcpy(staging.host, args.src, args.size);
-        src = staging.memory;
-        srcOffset = staging.offset;
+        if constexpr (std::is_same_v<Recorder, VulkanGraph>) {
+            // A graph reads its source at every replay: only a page of ours can be named.
+            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
+                             "copy_host_to_device in a graph: the source is not inside a "
+                             "PINNED_HOST or HOST_VISIBLE page of this device");
+        } else {
+            // Not our memory: copy it into staging now (the caller's buffer is free at return).
+            const auto staging = r.staging(args.size);
+            std::memcpy(staging.host, args.src, args.size);
+            src = staging.memory;
+            srcOffset = staging.offset;
+        }
     }
-    const BufferRange read{src->buffer(), srcOffset, srcOffset + args.size};
-    const BufferRange write{dst.buffer(), args.dst_offset, args.dst_offset + args.size};
-    s.orderAccess(StageClass::Transfer, &read, 1, &write, 1);
-    const VkBufferCopy region{srcOffset, args.dst_offset, args.size};
-    fn_.vkCmdCopyBuffer(s.record(), src->buffer(), dst.buffer(), 1, &region);
-    s.commandRecorded();
+    recordBufferCopy(r, *src, srcOffset, dst, args.dst_offset, args.size);
 }
 
-void VulkanDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
-    failIfUnusable();
-    auto &s = sdk::as<VulkanStream>(stream);
+template <class Recorder>
+void VulkanDevice::recordDeviceToHost(Recorder &r, const bp_copy_device_to_host_args &args) {
     VulkanMemory &src = memoryOf(args.src);
     checkRange(src, args.src_offset, args.size, "copy_device_to_host");
     if (args.size == 0) return;
     if (args.dst == nullptr)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_device_to_host: dst is NULL");
     uint64_t dstOffset = 0;
-    VulkanMemory *dst = findPinned(args.dst, args.size, dstOffset);
-    const BufferRange read{src.buffer(), args.src_offset, args.src_offset + args.size};
-    if (dst != nullptr) {
-        const BufferRange write{dst->buffer(), dstOffset, dstOffset + args.size};
-        s.orderAccess(StageClass::Transfer, &read, 1, &write, 1);
-        const VkBufferCopy region{args.src_offset, dstOffset, args.size};
-        fn_.vkCmdCopyBuffer(s.record(), src.buffer(), dst->buffer(), 1, &region);
-        s.commandRecorded();
+    if (VulkanMemory *dst = findPinned(args.dst, args.size, dstOffset)) {
+        recordBufferCopy(r, src, args.src_offset, *dst, dstOffset, args.size);
         return;
     }
-    // Not our memory: nothing on the device can write there, so the copy completes at the call
-    // (through staging, chunk by chunk). The core stages pageable reads through pinned pages
-    // itself, so this path is for direct ABI users.
-    for (uint64_t done = 0; done < args.size;) {
-        const uint64_t chunk = std::min(args.size - done, kStagingChunk);
-        const auto staging = s.staging(chunk);
-        const BufferRange chunkRead{src.buffer(), args.src_offset + done,
-                                    args.src_offset + done + chunk};
-        const BufferRange write{staging.memory->buffer(), staging.offset, staging.offset + chunk};
-        s.orderAccess(StageClass::Transfer, &chunkRead, 1, &write, 1);
-        const VkBufferCopy region{args.src_offset + done, staging.offset, chunk};
-        fn_.vkCmdCopyBuffer(s.record(), src.buffer(), staging.memory->buffer(), 1, &region);
-        s.submit(false);
-        s.waitIdle();
-        std::memcpy(static_cast<unsigned char *>(args.dst) + done, staging.host, chunk);
-        done += chunk;
+    if constexpr (std::is_same_v<Recorder, VulkanGraph>) {
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
+                         "copy_device_to_host in a graph: the destination is not inside a "
+                         "PINNED_HOST or HOST_VISIBLE page of this device");
+    } else {
+        // Not our memory: nothing on the device can write there, so the copy completes at the
+        // call (through staging, chunk by chunk). The core stages pageable reads through pinned
+        // pages itself, so this path is for direct ABI users.
+        for (uint64_t done = 0; done < args.size;) {
+            const uint64_t chunk = std::min(args.size - done, kStagingChunk);
+            const auto staging = r.staging(chunk);
+            recordBufferCopy(r, src, args.src_offset + done, *staging.memory, staging.offset,
+                             chunk);
+            r.submit(false);
+            r.waitIdle();
+            std::memcpy(static_cast<unsigned char *>(args.dst) + done, staging.host, chunk);
+            done += chunk;
+        }
+        failIfUnusable();
     }
-    failIfUnusable();
 }
 
-void VulkanDevice::copyDeviceToDevice(sdk::Stream &stream,
-                                      const bp_copy_device_to_device_args &args) {
-    failIfUnusable();
-    auto &s = sdk::as<VulkanStream>(stream);
+template <class Recorder>
+void VulkanDevice::recordDeviceToDevice(Recorder &r, const bp_copy_device_to_device_args &args) {
     VulkanMemory &src = memoryOf(args.src);
     VulkanMemory &dst = memoryOf(args.dst);
     checkRange(src, args.src_offset, args.size, "copy_device_to_device (source)");
@@ -836,19 +915,15 @@ void VulkanDevice::copyDeviceToDevice(sdk::Stream &stream,
             part.src_offset += done;
             part.dst_offset += done;
             part.size = std::min(chunk, args.size - done);
-            copyWithShader(s, part);
+            copyWithShader(r, part);
         }
         return;
     }
-    const BufferRange read{src.buffer(), args.src_offset, args.src_offset + args.size};
-    const BufferRange write{dst.buffer(), args.dst_offset, args.dst_offset + args.size};
-    s.orderAccess(StageClass::Transfer, &read, 1, &write, 1);
-    const VkBufferCopy region{args.src_offset, args.dst_offset, args.size};
-    fn_.vkCmdCopyBuffer(s.record(), src.buffer(), dst.buffer(), 1, &region);
-    s.commandRecorded();
+    recordBufferCopy(r, src, args.src_offset, dst, args.dst_offset, args.size);
 }
 
-void VulkanDevice::copyWithShader(VulkanStream &stream, const bp_copy_device_to_device_args &args) {
+template <class Recorder>
+void VulkanDevice::copyWithShader(Recorder &r, const bp_copy_device_to_device_args &args) {
     static const char *const kCopySource = R"(#version 450
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer Src { uvec4 src[]; };
@@ -891,12 +966,10 @@ void main() {
     launchArgs.binding_count = 2;
     launchArgs.scalars = &count;
     launchArgs.scalar_size = sizeof count;
-    launch(stream, launchArgs);
+    recordLaunch(r, launchArgs);
 }
 
-void VulkanDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
-    failIfUnusable();
-    auto &s = sdk::as<VulkanStream>(stream);
+template <class Recorder> void VulkanDevice::recordFill(Recorder &r, const bp_fill_args &args) {
     VulkanMemory &dst = memoryOf(args.dst);
     checkRange(dst, args.offset, args.size, "fill");
     if (args.offset % 4 != 0 || args.size % 4 != 0)
@@ -904,14 +977,13 @@ void VulkanDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
                          "fill: offset and size must be multiples of 4 (vkCmdFillBuffer)");
     if (args.size == 0) return;
     const BufferRange write{dst.buffer(), args.offset, args.offset + args.size};
-    s.orderAccess(StageClass::Transfer, nullptr, 0, &write, 1);
-    fn_.vkCmdFillBuffer(s.record(), dst.buffer(), args.offset, args.size, args.pattern);
-    s.commandRecorded();
+    r.orderAccess(StageClass::Transfer, nullptr, 0, &write, 1);
+    fn_.vkCmdFillBuffer(r.record(), dst.buffer(), args.offset, args.size, args.pattern);
+    r.commandRecorded();
 }
 
-void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
-    failIfUnusable();
-    auto &s = sdk::as<VulkanStream>(stream);
+template <class Recorder>
+void VulkanDevice::recordLaunch(Recorder &r, const bp_launch_args &args) {
     if (args.kernel == nullptr)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "kernel_launch: kernel is NULL");
     auto &kernel = sdk::as<VulkanKernel>(args.kernel);
@@ -1009,14 +1081,14 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
 
     const KernelPipeline &pipeline =
         kernel.pipeline(args.block, args.binding_count, args.shared_memory_bytes);
-    s.orderAccess(StageClass::Compute, nullptr, 0, writes.data(), args.binding_count,
+    r.orderAccess(StageClass::Compute, nullptr, 0, writes.data(), args.binding_count,
                   grid ? &gridRead : nullptr);
-    VkCommandBuffer commands = s.record();
-    s.retain(kernel.objects()); // kernel_release may come before this batch completed
+    VkCommandBuffer commands = r.record();
+    r.retain(kernel.objects()); // kernel_release may come before this batch completed
     // Record only the state that differs from what this command buffer has bound already:
     // pipeline, descriptors (same layout and buffers) and push constants (same layout and bytes)
     // all persist across dispatches of one command buffer.
-    BoundComputeState &bound = s.bound();
+    BoundComputeState &bound = r.bound();
     if (bound.pipeline != pipeline.pipeline) {
         fn_.vkCmdBindPipeline(commands, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.pipeline);
         bound.pipeline = pipeline.pipeline;
@@ -1039,7 +1111,7 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
                                           pipeline.layout, 0, args.binding_count,
                                           descriptorWrites.data());
         } else {
-            const VkDescriptorSet set = s.allocateDescriptorSet(pipeline.setLayout);
+            const VkDescriptorSet set = r.allocateDescriptorSet(pipeline.setLayout);
             for (uint32_t i = 0; i < args.binding_count; ++i) descriptorWrites[i].dstSet = set;
             fn_.vkUpdateDescriptorSets(device_, args.binding_count, descriptorWrites.data(), 0,
                                        nullptr);
@@ -1075,7 +1147,7 @@ void VulkanDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
         fn_.vkCmdDispatchIndirect(commands, grid->buffer(), args.grid_offset);
     else
         fn_.vkCmdDispatch(commands, args.grid[0], args.grid[1], args.grid[2]);
-    s.commandRecorded();
+    r.commandRecorded();
 }
 
 uint64_t VulkanDevice::nativeHandle(bp_native_kind kind, const void *object) {
@@ -1091,5 +1163,13 @@ uint64_t VulkanDevice::nativeHandle(bp_native_kind kind, const void *object) {
     }
     sdk::unsupported("native_handle of this kind");
 }
+
+// The graph's instantiations of the recording code (VulkanDevice::createGraph, vulkan_graph.cpp).
+template void VulkanDevice::recordHostToDevice(VulkanGraph &, const bp_copy_host_to_device_args &);
+template void VulkanDevice::recordDeviceToHost(VulkanGraph &, const bp_copy_device_to_host_args &);
+template void VulkanDevice::recordDeviceToDevice(VulkanGraph &,
+                                                 const bp_copy_device_to_device_args &);
+template void VulkanDevice::recordFill(VulkanGraph &, const bp_fill_args &);
+template void VulkanDevice::recordLaunch(VulkanGraph &, const bp_launch_args &);
 
 } // namespace backplane::vulkan

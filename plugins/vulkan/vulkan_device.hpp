@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -222,6 +223,63 @@ enum class StageClass : uint8_t {
 };
 inline constexpr size_t kStageClassCount = 3;
 
+/// One access of a command for the barrier rule: a byte range, its stage class, read or write.
+struct Access {
+    StageClass stage;
+    BufferRange range;
+    bool write;
+};
+
+/// A global memory barrier the barrier rule asks for; none when dstStages is 0.
+struct Barrier {
+    VkPipelineStageFlags srcStages = 0;
+    VkPipelineStageFlags dstStages = 0;
+    VkAccessFlags srcAccess = 0;
+    VkAccessFlags dstAccess = 0;
+
+    /// Records it into `commands`; nothing when none is needed.
+    void record(const DeviceFunctions &fn, VkCommandBuffer commands) const;
+};
+
+/// The barrier rule's state of one command sequence (a stream's batches, or a graph's command
+/// buffer): per stage class, the accesses since the last barrier towards that class.
+class BarrierTracker {
+public:
+    /// The barrier a command must follow, whose accesses are in `stage` (plus an optional
+    /// indirect-argument read): needed when it touches a range that an earlier, still unordered
+    /// command wrote, or writes one it read; its source is the stages of those earlier accesses,
+    /// its destination the stage classes of this command. Then notes the command's ranges, and
+    /// its writes for takeWrites().
+    Barrier order(StageClass stage, const BufferRange *reads, size_t readCount,
+                  const BufferRange *writes, size_t writeCount,
+                  const BufferRange *indirectRead = nullptr);
+    /// The same for accesses of several stage classes that run as one unit after everything
+    /// noted before and before everything noted later (a graph launch): one barrier towards each
+    /// class with a hazard. Not counted for takeWrites(): a graph ends with its own host barrier.
+    Barrier order(const std::vector<Access> &accesses);
+    /// The stages that wrote and their write accesses since the last call (the host-read barrier
+    /// at the end of a submission).
+    std::pair<VkPipelineStageFlags, VkAccessFlags> takeWrites() noexcept;
+
+private:
+    /// An access not yet ordered before later commands of one stage class.
+    struct PendingAccess {
+        BufferRange range;
+        VkPipelineStageFlags stages; ///< the stages that accessed it
+        VkAccessFlags writes;        ///< their write accesses (0: read only)
+    };
+    bool conflicts(StageClass stage, const BufferRange &range, bool write) const;
+    /// The barrier towards the classes of `hazards` (a bit per class); clears their lists.
+    Barrier barrierTowards(uint32_t hazards);
+    /// Notes an access in every class's list.
+    void note(StageClass stage, const BufferRange &range, bool write);
+
+    /// Per stage class: the accesses since the last barrier whose destination covered it.
+    std::array<std::vector<PendingAccess>, kStageClassCount> pending_;
+    VkPipelineStageFlags writeStages_ = 0;
+    VkAccessFlags writeAccess_ = 0;
+};
+
 /// Compute state recorded into the open command buffer. Vulkan keeps it for the command
 /// buffer's life, so a launch re-records only what differs from the previous one.
 struct BoundComputeState {
@@ -241,6 +299,8 @@ struct BoundComputeState {
     }
 };
 
+class VulkanGraph;
+
 /// A stream: records into a command buffer, submits in batches, signals its timeline.
 class VulkanStream : public sdk::Stream {
 public:
@@ -254,11 +314,8 @@ public:
 
     /// The command buffer to record into (begins a batch if none is open).
     VkCommandBuffer record();
-    /// Emits a global memory barrier when the command about to be recorded (whose accesses are
-    /// in `stage`, plus an optional indirect-argument read) touches a range that an earlier,
-    /// still unordered command wrote, or writes one it read; the barrier's source is the stages
-    /// of those earlier accesses, its destination the stage classes of this command. Then notes
-    /// the command's ranges.
+    /// Records the barrier (BarrierTracker::order) the command about to be recorded needs
+    /// after this stream's earlier commands, and notes the command's ranges.
     void orderAccess(StageClass stage, const BufferRange *reads, size_t readCount,
                      const BufferRange *writes, size_t writeCount,
                      const BufferRange *indirectRead = nullptr);
@@ -267,8 +324,13 @@ public:
     /// Counts one recorded command; submits when the batch bound is reached.
     void commandRecorded();
     /// Submits the open batch (and pending waits); writes a timestamp first when `timing`.
-    /// Returns the query slot used (-1 if none).
-    int32_t submit(bool timing);
+    /// `graph`, when given, is a graph's command buffer submitted after the batch in the same
+    /// submission (one timeline signal covers both). Returns the query slot used (-1 if none).
+    int32_t submit(bool timing, VkCommandBuffer graph = VK_NULL_HANDLE);
+    /// Records one replay of `graph`: after this stream's earlier work (a barrier in the open
+    /// batch where the graph's accesses need one), before its later work (the graph's accesses
+    /// stay tracked), submitted right away behind the open batch.
+    void submitGraph(const VulkanGraph &graph);
     /// The next submit waits on (timeline, value).
     void waitOn(std::shared_ptr<Timeline> timeline, uint64_t value);
     /// Host wait until everything submitted so far completed.
@@ -302,16 +364,8 @@ private:
         uint64_t stagingUsed = 0; ///< bytes used in staging.back()
         std::vector<std::shared_ptr<const void>> retained; ///< kept alive until it completed
     };
-    /// An access not yet ordered before later commands of one stage class.
-    struct PendingAccess {
-        BufferRange range;
-        VkPipelineStageFlags stages; ///< the stages that accessed it
-        VkAccessFlags writes;        ///< their write accesses (0: read only)
-    };
     Slot acquireSlot();
     void recycle(Slot &slot);
-    static void notePending(std::vector<PendingAccess> &pending, const BufferRange &range,
-                            VkPipelineStageFlags stages, VkAccessFlags writes);
 
     VulkanDevice &device_;
     uint32_t queueIndex_;
@@ -322,13 +376,65 @@ private:
     std::deque<Slot> inFlight_;
     std::optional<Slot> slot_;
     uint32_t commandCount_ = 0;
-    VkPipelineStageFlags batchWriteStages_ = 0; ///< stages that wrote in the open batch
-    VkAccessFlags batchWriteAccess_ = 0;
-    /// Per stage class: the accesses since the last barrier whose destination covered it.
-    std::array<std::vector<PendingAccess>, kStageClassCount> pending_;
+    /// Kept across submits: the stream's batches go to one queue, and a barrier in a later
+    /// batch orders against earlier batches in submission order.
+    BarrierTracker barriers_;
     BoundComputeState bound_;
     std::vector<std::pair<std::shared_ptr<Timeline>, uint64_t>> waits_;
     std::vector<std::unique_ptr<VulkanMemory>> freeStaging_;
+};
+
+/// A recorded sequence (ABI 1.3): one primary command buffer recorded once by the same code as
+/// a stream's commands, with the same barriers between its ops, and submitted on every launch.
+/// It owns its command pool, its descriptor pools (without VK_KHR_push_descriptor) and the
+/// kernels its launches use. Begun with SIMULTANEOUS_USE (a launch on a second stream may come
+/// while an earlier one is pending), never re-recorded. Built by VulkanDevice::createGraph.
+class VulkanGraph : public sdk::Graph {
+public:
+    explicit VulkanGraph(VulkanDevice &device);
+    /// Waits for the launches still pending (the core releases a graph only after they
+    /// completed), then frees the command buffer and what it owns.
+    ~VulkanGraph() override;
+    VulkanGraph(const VulkanGraph &) = delete;
+    VulkanGraph &operator=(const VulkanGraph &) = delete;
+
+    // What the device's recording code uses (the same names as VulkanStream's).
+    VkCommandBuffer record() const noexcept { return commands_; }
+    /// Records the barrier the command needs after the graph's earlier ops; notes its ranges.
+    void orderAccess(StageClass stage, const BufferRange *reads, size_t readCount,
+                     const BufferRange *writes, size_t writeCount,
+                     const BufferRange *indirectRead = nullptr);
+    BoundComputeState &bound() noexcept { return *bound_; }
+    void commandRecorded() noexcept {}
+    /// Keeps `object` (a kernel's Vulkan objects) alive for the graph's life.
+    void retain(std::shared_ptr<const void> object);
+    /// A descriptor set of the graph's own pools (only without VK_KHR_push_descriptor).
+    VkDescriptorSet allocateDescriptorSet(VkDescriptorSetLayout layout);
+
+    /// Ends the recording: the host-read barrier after the graph's writes, vkEndCommandBuffer.
+    void finish();
+    /// Notes a launch on `timeline` up to `value`, which the destructor waits for.
+    void launched(const std::shared_ptr<Timeline> &timeline, uint64_t value);
+
+    VulkanDevice &device() const noexcept { return device_; }
+    /// Every range the graph accesses, once per (stage class, range): how a launch orders it
+    /// against the stream's work before and after it.
+    const std::vector<Access> &accesses() const noexcept { return accesses_; }
+
+private:
+    VulkanDevice &device_;
+    VkCommandPool pool_ = VK_NULL_HANDLE;
+    VkCommandBuffer commands_ = VK_NULL_HANDLE;
+    std::vector<VkDescriptorPool> descriptorPools_;
+    uint32_t setsLeft_ = 0; ///< in descriptorPools_.back()
+    BarrierTracker barriers_;
+    std::unique_ptr<BoundComputeState> bound_ = std::make_unique<BoundComputeState>();
+    /// (class, buffer, begin, end) -> index in accesses_, while recording.
+    std::map<std::tuple<StageClass, VkBuffer, uint64_t, uint64_t>, size_t> accessIndex_;
+    std::vector<Access> accesses_;
+    std::vector<std::shared_ptr<const void>> retained_;
+    std::mutex launchMutex_;
+    std::vector<std::pair<std::shared_ptr<Timeline>, uint64_t>> launches_;
 };
 
 /// An opened device: VkDevice, compute queues, memory types, layouts, pipeline cache.
@@ -357,6 +463,9 @@ public:
     std::unique_ptr<sdk::Kernel> load(const bp_kernel_load_args &args) override;
     void launch(sdk::Stream &stream, const bp_launch_args &args) override;
     uint64_t nativeHandle(bp_native_kind kind, const void *object) override;
+    /// Records every op into a VulkanGraph (vulkan_graph.cpp); updateGraph stays unsupported.
+    std::unique_ptr<sdk::Graph> createGraph(std::vector<sdk::GraphOp> &ops) override;
+    void launchGraph(sdk::Stream &stream, sdk::Graph &graph) override;
 
     /// check() plus device-lost bookkeeping: after VK_ERROR_DEVICE_LOST every call fails fast.
     void check(VkResult result, const char *what);
@@ -399,7 +508,21 @@ private:
         std::shared_ptr<Timeline> timeline;
         uint64_t value;
     };
-    void copyWithShader(VulkanStream &stream, const bp_copy_device_to_device_args &args);
+    // Recording, shared by streams (Recorder = VulkanStream) and graphs (VulkanGraph): the same
+    // checks, commands and barriers. Instantiated for both in vulkan_device.cpp.
+    template <class Recorder>
+    void recordHostToDevice(Recorder &r, const bp_copy_host_to_device_args &args);
+    template <class Recorder>
+    void recordDeviceToHost(Recorder &r, const bp_copy_device_to_host_args &args);
+    template <class Recorder>
+    void recordDeviceToDevice(Recorder &r, const bp_copy_device_to_device_args &args);
+    template <class Recorder> void recordFill(Recorder &r, const bp_fill_args &args);
+    template <class Recorder> void recordLaunch(Recorder &r, const bp_launch_args &args);
+    template <class Recorder>
+    void recordBufferCopy(Recorder &r, const VulkanMemory &src, uint64_t srcOffset,
+                          const VulkanMemory &dst, uint64_t dstOffset, uint64_t size);
+    template <class Recorder>
+    void copyWithShader(Recorder &r, const bp_copy_device_to_device_args &args);
     void chooseMemoryTypes();
     void loadPipelineCache();
     void savePipelineCache() noexcept;

@@ -77,6 +77,8 @@ TEST_CASE("reads every key of the config file") {
                   "options": {"vulkan": {"validation": true}}},
       "streams": {"max_streams": 16, "scheduler": "sequential", "max_tasks": 4},
       "memory": {"staging_chunk_bytes": 1048576, "staging_limit_bytes": 4194304,
+                 "staging_ring_depth": 4, "staging_copy_threads": 6,
+                 "staging_streaming_stores": false,
                  "max_page_bytes": 268435456, "release_idle_after_ms": 250},
       "cache": {"dir": "cache", "enabled": false},
       "autotune": {"level": "extensive"},
@@ -99,6 +101,9 @@ TEST_CASE("reads every key of the config file") {
     CHECK(c.stagingChunkBytes == 1048576);
     CHECK(c.maxPageBytes == 268435456);
     CHECK(c.stagingLimitBytes == 4194304);
+    CHECK(c.stagingRingDepth == 4);
+    CHECK(c.stagingCopyThreads == 6);
+    CHECK_FALSE(c.stagingStreamingStores);
     CHECK(c.releaseIdleAfterMs == 250);
     CHECK(c.cacheDir == dir.path / "cache");
     CHECK_FALSE(c.cacheEnabled);

@@ -161,3 +161,70 @@ TEST_CASE("a host kernel with data is skipped on an ABI 1.1 plugin, and the erro
               std::string::npos);
     }
 }
+
+// The kernel cache remembers each thread's last hits by the KernelSource's address; a
+// KernelSource is a plain value its owner may change in place between launches.
+
+TEST_CASE("a KernelSource changed in place between launches launches its new kernel") {
+    const Runtime runtime(configFor(HOST_MANIFEST));
+    ComputeClient client = runtime.open(runtime.select("host"));
+    KernelSource kernel = affineKernel(std::make_shared<const Affine>(Affine{3, 7}), "key-a");
+    for (int call = 0; call < 3; ++call)
+        REQUIRE(isAffine(run(client, kernel), 3, 7));
+    const uint64_t compiled = client.stats().kernelsCompiled;
+
+    SUBCASE("the key changed in its own bytes (same size, same storage) with other data") {
+        KernelVariant &variant = kernel.variants[0];
+        const char *storage = variant.source.data();
+        variant.source[4] = 'b'; // "key-a" -> "key-b"
+        variant.hostData = std::make_shared<const Affine>(Affine{5, 1});
+        REQUIRE(variant.source.data() == storage);
+        CHECK(isAffine(run(client, kernel), 5, 1));
+        CHECK(client.stats().kernelsCompiled == compiled + 1);
+    }
+    SUBCASE("the function changed") {
+        kernel.variants[0].hostFunction = &copyWithoutData;
+        CHECK(isAffine(run(client, kernel), 1, 0));
+        CHECK(client.stats().kernelsCompiled == compiled + 1);
+    }
+    SUBCASE("an option added") {
+        kernel.variants[0].options.push_back("-DSOMETHING");
+        CHECK(isAffine(run(client, kernel), 3, 7));
+        CHECK(client.stats().kernelsCompiled == compiled + 1);
+    }
+    SUBCASE("the name changed") {
+        kernel.name = "affine_renamed";
+        CHECK(isAffine(run(client, kernel), 3, 7));
+        CHECK(client.stats().kernelsCompiled == compiled + 1);
+    }
+    SUBCASE("a variant the device prefers put in front") {
+        kernel.variants.insert(kernel.variants.begin(),
+                               KernelVariant::host(&copyWithoutData, "copy"));
+        CHECK(isAffine(run(client, kernel), 1, 0));
+        CHECK(client.stats().kernelsCompiled == compiled + 1);
+    }
+    // Changed back: the first kernel again, from the cache.
+    kernel = affineKernel(std::make_shared<const Affine>(Affine{9, 9}), "key-a");
+    const uint64_t before = client.stats().kernelsCompiled;
+    CHECK(isAffine(run(client, kernel), 3, 7));
+    CHECK(client.stats().kernelsCompiled == before);
+}
+
+TEST_CASE("one KernelSource launched on two devices is compiled once for each") {
+    Config config = configFor(HOST_MANIFEST);
+    config.pluginOptions["host"] = R"({"mode":"async","workers":2,"devices":2})";
+    const Runtime runtime(config);
+    const KernelSource kernel = affineKernel(std::make_shared<const Affine>(Affine{3, 7}), "3x+7");
+    for (int round = 0; round < 2; ++round) {
+        CAPTURE(round);
+        // The second round's clients may reuse the first round's memory.
+        ComputeClient first = runtime.open(runtime.select("host:0"));
+        ComputeClient second = runtime.open(runtime.select("host:1"));
+        CHECK(isAffine(run(first, kernel), 3, 7));
+        CHECK(isAffine(run(first, kernel), 3, 7));
+        CHECK(isAffine(run(second, kernel), 3, 7));
+        CHECK(first.stats().kernelsCompiled == 1);
+        CHECK(second.stats().kernelsCompiled == 1);
+        CHECK(first.stats().kernelCacheHits == 1);
+    }
+}

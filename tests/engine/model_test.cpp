@@ -37,6 +37,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -189,9 +190,10 @@ enum class Op {
     Sync,
     SyncAll,
     Cleanup,
+    Replay,
 };
 
-constexpr size_t kOpCount = static_cast<size_t>(Op::Cleanup) + 1;
+constexpr size_t kOpCount = static_cast<size_t>(Op::Replay) + 1;
 
 // Per mille.
 constexpr std::array<std::pair<Op, uint32_t>, kOpCount> kOpWeights = {{
@@ -201,6 +203,7 @@ constexpr std::array<std::pair<Op, uint32_t>, kOpCount> kOpWeights = {{
     {Op::Fill, 80},           {Op::Kernel, 105},      {Op::Recycle, 40},
     {Op::Drop, 90},           {Op::HandOff, 40},      {Op::Flush, 25},
     {Op::Sync, 25},           {Op::SyncAll, 8},       {Op::Cleanup, 2},
+    {Op::Replay, 40},
 }};
 
 const char *toString(Op op) {
@@ -223,6 +226,7 @@ const char *toString(Op op) {
     case Op::Sync: return "sync";
     case Op::SyncAll: return "sync-all";
     case Op::Cleanup: return "memory-cleanup";
+    case Op::Replay: return "record-replay";
     }
     return "?";
 }
@@ -422,6 +426,7 @@ private:
             note("memory-cleanup");
             client_.memoryCleanup();
             break;
+        case Op::Replay: recordAndReplay(); break;
         }
     }
 
@@ -607,6 +612,11 @@ private:
 
     // y[ry] = a * x[rx] + y[ry] with a random a, on the device and in the model.
     void launchAxpy(const Tracked &x, Range rx, Tracked &y, Range ry, uint32_t delayUs) {
+        applyAxpy(x, rx, y, ry, issueAxpy(x, rx, y, ry, delayUs));
+    }
+
+    // The launch alone (recorded when the stream records); returns its factor a.
+    uint32_t issueAxpy(const Tracked &x, Range rx, const Tracked &y, Range ry, uint32_t delayUs) {
         AxpyScalars s{};
         s.a = rng_.word();
         s.n = static_cast<uint32_t>(rx.count);
@@ -622,10 +632,95 @@ private:
              bytes(ry.first), bytes(ry.count), x.name.c_str(), bytes(rx.first),
              hex(s.a).c_str(), s.delayUs);
         client_.execute(axpyKernel(), d);
+        return s.a;
+    }
+
+    // The model's side of issueAxpy().
+    static void applyAxpy(const Tracked &x, Range rx, Tracked &y, Range ry, uint32_t a) {
         for (uint64_t i = 0; i < rx.count; ++i) {
             const uint64_t xi = rx.first + i, yi = ry.first + i;
-            y.words[yi] = s.a * x.words[xi] + y.words[yi];
+            y.words[yi] = a * x.words[xi] + y.words[yi];
             y.known[yi] = x.known[xi] && y.known[yi];
+        }
+    }
+
+    // Records one to three launches, copies and fills on live buffers plus a temporary the
+    // recording alone keeps (filled, then copied into a live buffer), then replays it one to
+    // three times, on this stream or others, applying the recorded effects to the model at
+    // each replay. The recording is dropped before this returns: it never outlives the
+    // buffers' ownership by this thread.
+    void recordAndReplay() {
+        std::vector<std::function<void()>> effects; // the model's side of each recorded op
+        const uint32_t tempPattern = rng_.word();
+        note("begin recording");
+        client_.beginRecording();
+        const uint64_t ops = 1 + rng_.below(3);
+        for (uint64_t k = 0; k < ops; ++k) {
+            const uint64_t what = rng_.below(4);
+            Tracked &y = *live_[pickLive()];
+            if (what == 0) {
+                const size_t ix = pickLive();
+                Tracked &x = *live_[ix];
+                const auto ranges = pickPair(x.words.size(), y.words.size(), &x == &y);
+                if (!ranges) continue;
+                const auto [rx, ry] = *ranges;
+                uint32_t delayUs = 0; // as kernel() does: widens the hazard windows
+                if (shared_.hostDelays && rx.count <= 1024 && rng_.percent(25))
+                    delayUs = static_cast<uint32_t>(1 + rng_.below(300));
+                note("  (recorded) ");
+                const uint32_t a = issueAxpy(x, rx, y, ry, delayUs);
+                effects.push_back([&x, rx, &y, ry, a] { applyAxpy(x, rx, y, ry, a); });
+            } else if (what == 1) {
+                Tracked &x = *live_[pickLive()];
+                const auto ranges = pickPair(x.words.size(), y.words.size(), &x == &y);
+                if (!ranges) continue;
+                const auto [rs, rd] = *ranges;
+                note("  (recorded) copy %s [%llu, +%llu) B -> %s at %llu", x.name.c_str(),
+                     bytes(rs.first), bytes(rs.count), y.name.c_str(), bytes(rd.first));
+                client_.copy(x.buffer, rs.first * 4, y.buffer, rd.first * 4, rs.count * 4);
+                effects.push_back([&x, rs, &y, rd] {
+                    std::copy_n(x.words.data() + rs.first, rs.count, y.words.data() + rd.first);
+                    std::copy_n(x.known.data() + rs.first, rs.count, y.known.data() + rd.first);
+                });
+            } else if (what == 2) {
+                const Range r = pickRange(y.words.size());
+                const uint32_t pattern = rng_.word();
+                note("  (recorded) fill %s [%llu, +%llu) B with %s", y.name.c_str(),
+                     bytes(r.first), bytes(r.count), hex(pattern).c_str());
+                client_.fill(y.buffer, pattern, r.first * 4, r.count * 4);
+                effects.push_back([&y, r, pattern] {
+                    std::fill_n(y.words.data() + r.first, r.count, pattern);
+                    std::fill_n(y.known.data() + r.first, r.count, 1);
+                });
+            } else {
+                // A temporary allocated while recording, dropped right after: only the
+                // recording keeps its memory (tracel-ai/cubecl#1612).
+                const Range r = pickRange(y.words.size());
+                Buffer temporary = client_.empty(r.count * 4);
+                note("  (recorded) temporary of %llu B filled with %s, copied to %s at %llu",
+                     bytes(r.count), hex(tempPattern).c_str(), y.name.c_str(), bytes(r.first));
+                client_.fill(temporary, tempPattern);
+                client_.copy(temporary, 0, y.buffer, r.first * 4, r.count * 4);
+                effects.push_back([&y, r, tempPattern] {
+                    std::fill_n(y.words.data() + r.first, r.count, tempPattern);
+                    std::fill_n(y.known.data() + r.first, r.count, 1);
+                });
+            }
+        }
+        const Recording recording = client_.endRecording();
+        note("end recording: %llu op(s), %s", ull(recording.operations()),
+             recording.native() ? "native" : "calls");
+        const uint64_t replays = 1 + rng_.below(3);
+        for (uint64_t k = 0; k < replays; ++k) {
+            if (gSettings.streams > 1 && rng_.percent(50))
+                stream_ = rng_.below(gSettings.streams);
+            StreamGuard guard(stream_);
+            note("replay on stream %llu", ull(stream_));
+            client_.replay(recording);
+            for (const auto &effect : effects) effect();
+            // Memory allocated now must never be memory the recording uses: a buffer with
+            // known contents, so a replay writing into it shows at its next read.
+            if (rng_.percent(40) && live_.size() < kMaxLiveBuffers) create();
         }
     }
 

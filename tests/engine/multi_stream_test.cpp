@@ -170,6 +170,33 @@ TEST_CASE("the GC thread keeps holds until their fence completed and records the
     CHECK(f.tracker.completed(1) == 1);
 }
 
+TEST_CASE("a slot holds many objects once each and flushes them at the bound") {
+    Fixture f;
+    f.backend->released = false;
+    constexpr size_t kObjects = MultiStream::kMaxPendingHolds + 40;
+    std::vector<std::shared_ptr<int>> objects;
+    std::vector<std::weak_ptr<int>> watches;
+    for (size_t i = 0; i < kObjects; ++i) {
+        objects.push_back(std::make_shared<int>(static_cast<int>(i)));
+        watches.push_back(objects.back());
+    }
+    // Each object twice, the second time while it is pending: held once.
+    for (size_t i = 0; i < kObjects; ++i) {
+        f.ms.hold(1, objects[i]);
+        if (i < MultiStream::kMaxPendingHolds) f.ms.hold(1, objects[i / 2]);
+    }
+    CHECK(f.ms.alignmentEvents() == 1); // one flush at the bound, not more
+    objects.clear();
+    for (const auto &watch : watches)
+        REQUIRE_FALSE(watch.expired()); // held: by the GC (first 257) or pending on slot 1
+    f.ms.flush(1);
+    f.backend->released = true;
+    f.ms.gc().drain();
+    for (const auto &watch : watches)
+        CHECK(watch.expired());
+    CHECK(f.ms.gc().released() == kObjects);
+}
+
 TEST_CASE("a failed fence keeps its holds and reports the failure") {
     Fixture f;
     f.backend->fail = true;

@@ -142,7 +142,9 @@ KernelSource cudaKernel(const char *name, const char *source,
     X(cuMemHostAlloc)                                                                              \
     X(cuMemFreeHost)                                                                               \
     X(cuMemcpyHtoDAsync)                                                                           \
-    X(cuMemcpyDtoHAsync)
+    X(cuMemcpyDtoHAsync)                                                                           \
+    X(cuMemHostRegister)                                                                           \
+    X(cuMemHostUnregister)
 
 #define BENCH_NVRTC_FUNCTIONS(X)                                                                   \
     X(nvrtcCreateProgram)                                                                          \
@@ -153,6 +155,15 @@ KernelSource cudaKernel(const char *name, const char *source,
     X(nvrtcGetCUBINSize)                                                                           \
     X(nvrtcGetCUBIN)                                                                               \
     X(nvrtcGetErrorString)
+
+// Graphs, for the recorded-sequence rows (loaded like the functions above).
+#define BENCH_CU_GRAPH_FUNCTIONS(X)                                                                \
+    X(cuStreamBeginCapture)                                                                        \
+    X(cuStreamEndCapture)                                                                          \
+    X(cuGraphInstantiate)                                                                          \
+    X(cuGraphLaunch)                                                                               \
+    X(cuGraphExecDestroy)                                                                          \
+    X(cuGraphDestroy)
 
 #define BENCH_STRING_(x) #x
 #define BENCH_STRING(x) BENCH_STRING_(x)
@@ -171,6 +182,7 @@ void *openDriver(std::string &why) {
 /// The raw CUDA driver and NVRTC, bound to one device's primary context.
 struct RawCuda {
     BENCH_CU_FUNCTIONS(BENCH_DECLARE)
+    BENCH_CU_GRAPH_FUNCTIONS(BENCH_DECLARE)
     BENCH_NVRTC_FUNCTIONS(BENCH_DECLARE)
     CUdevice device = 0;
     CUcontext context = nullptr;
@@ -180,6 +192,7 @@ struct RawCuda {
     name = reinterpret_cast<decltype(name)>(symbol(library, BENCH_STRING(name)));
         void *library = driver;
         BENCH_CU_FUNCTIONS(BENCH_LOAD)
+        BENCH_CU_GRAPH_FUNCTIONS(BENCH_LOAD)
         void *rtc = nullptr;
         std::string tried;
         for (const char *candidate : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) {
@@ -496,6 +509,77 @@ void run(void *driver, const BenchOptions &options, BenchRows &rows) {
             runtimeTrip * 1e6, rawTrip * 1e6, "us", "");
     }
 
+    // Recorded sequences: 100 small kernels (1 binding + scalar struct) recorded once and
+    // replayed, against the same launches back to back and against a raw CUDA graph of them.
+    {
+        constexpr int kKernels = 100;
+        const int replays = std::max(10, counts.launches / kKernels);
+        const Buffer x = client.empty(kTouchThreads * 4);
+        client.fill(x, 0);
+        Dispatch touchDispatch;
+        touchDispatch.block = {kTouchThreads, 1, 1};
+        touchDispatch.bindings = {x};
+        touchDispatch.scalar(kTouchThreads);
+        client.execute(touch, touchDispatch); // compiled before the recording
+        client.beginRecording();
+        for (int i = 0; i < kKernels; ++i)
+            client.execute(touch, touchDispatch);
+        const Recording recording = client.endRecording();
+        CUdeviceptr rawX = 0;
+        raw.check(raw.cuMemAlloc(&rawX, kTouchThreads * 4), "cuMemAlloc");
+        ScopeExit freeX([&] { raw.cuMemFree(rawX); });
+        TouchParams params{kTouchThreads};
+        void *touchParams[] = {&rawX, &params};
+        auto launchTouch = [&] {
+            raw.check(raw.cuLaunchKernel(rawTouch, 1, 1, 1, kTouchThreads, 1, 1, 0, rawStream,
+                                         touchParams, nullptr),
+                      "cuLaunchKernel");
+        };
+        CUgraph graph = nullptr;
+        raw.check(raw.cuStreamBeginCapture(rawStream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                  "cuStreamBeginCapture");
+        for (int i = 0; i < kKernels; ++i)
+            launchTouch();
+        raw.check(raw.cuStreamEndCapture(rawStream, &graph), "cuStreamEndCapture");
+        CUgraphExec exec = nullptr;
+        raw.check(raw.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+        ScopeExit destroyGraph([&] {
+            raw.cuGraphExecDestroy(exec);
+            raw.cuGraphDestroy(graph);
+        });
+        auto perKernel = [&](const std::function<void()> &once, const std::function<void()> &sync) {
+            once();
+            sync();
+            return median(counts.repeats,
+                          [&] {
+                              for (int i = 0; i < replays; ++i)
+                                  once();
+                              sync();
+                          }) /
+                   (replays * kKernels);
+        };
+        auto rawSync = [&] {
+            raw.check(raw.cuStreamSynchronize(rawStream), "cuStreamSynchronize");
+        };
+        const double replayTime =
+            perKernel([&] { client.replay(recording); }, [&] { client.sync(); });
+        const double launchTime = perKernel(
+            [&] {
+                for (int i = 0; i < kKernels; ++i)
+                    launchTouch();
+            },
+            rawSync);
+        const double graphTime = perKernel(
+            [&] { raw.check(raw.cuGraphLaunch(exec, rawStream), "cuGraphLaunch"); }, rawSync);
+        std::fprintf(stderr, "cuda: recording replays as: %s\n", recording.replayNote().c_str());
+        row("100 small kernels replayed from a recording, per kernel: replay vs cuLaunchKernel "
+            "back to back",
+            replayTime * 1e6, launchTime * 1e6, "us", "<= 0.50x");
+        row("100 small kernels replayed from a recording, per kernel: replay vs a raw CUDA graph "
+            "(cuGraphLaunch)",
+            replayTime * 1e6, graphTime * 1e6, "us", "");
+    }
+
     // 3. Allocate + free of 1 MiB.
     {
         constexpr uint64_t kSize = 1ull << 20;
@@ -535,73 +619,116 @@ void run(void *driver, const BenchOptions &options, BenchRows &rows) {
         client.memoryCleanup();
     }
 
-    // 4. Pageable host memory <-> device, 256 MiB.
+    // 4. Host memory <-> device at every size: pageable memory through the runtime's staging
+    // against the driver's own pageable copy (cuMemcpyHtoD / cuMemcpyDtoH) and its pinned copy;
+    // then the same memory registered (registerHost) against the pinned copy, and the cost of
+    // one registration against the time it saves per transfer.
     {
-        constexpr uint64_t kSize = 256ull << 20;
-        std::vector<unsigned char> host(kSize);
-        for (uint64_t i = 0; i < kSize; ++i)
+        const std::vector<uint64_t> sizes = transferSizes(options.quick);
+        const uint64_t largest = sizes.back();
+        const double gigabytes = static_cast<double>(largest) / 1e9;
+        std::vector<unsigned char> host(largest);
+        for (uint64_t i = 0; i < largest; ++i)
             host[i] = static_cast<unsigned char>(i * 7);
-        const double gigabytes = static_cast<double>(kSize) / 1e9;
-
-        double runtimeWrite = 0, runtimeRead = 0;
+        std::vector<unsigned char> into(largest);
+        std::vector<TransferTimes> times;
+        double registeredWrite = 0, registeredRead = 0, registerSeconds = 0;
         {
-            const Buffer buffer = client.empty(kSize);
-            auto write = [&] {
-                client.write(buffer, 0, host.data(), kSize);
-                client.sync();
-            };
-            std::vector<unsigned char> into(kSize);
-            auto read = [&] { client.readInto(buffer, 0, into.data(), kSize); };
-            write();
+            const Buffer buffer = client.empty(largest);
+            client.write(buffer, 0, host.data(), largest);
             const std::vector<std::byte> back = client.read(buffer).wait();
-            if (back.size() != kSize || std::memcmp(back.data(), host.data(), kSize) != 0)
+            if (back.size() != largest || std::memcmp(back.data(), host.data(), largest) != 0)
                 throw std::runtime_error("pageable write/read round trip returned other bytes");
-            runtimeWrite = median(counts.transfers, write);
-            runtimeRead = median(counts.transfers, read);
+            for (const uint64_t bytes : sizes) {
+                for (const char *direction : {"write", "read"}) {
+                    TransferTimes t;
+                    t.direction = direction;
+                    t.bytes = bytes;
+                    if (t.direction == "write")
+                        t.runtime = secondsPerTransfer(bytes, options.quick, [&] {
+                            client.write(buffer, 0, host.data(), bytes);
+                            client.sync();
+                        });
+                    else
+                        t.runtime = secondsPerTransfer(bytes, options.quick, [&] {
+                            client.readInto(buffer, 0, into.data(), bytes);
+                        });
+                    times.push_back(t);
+                }
+            }
+            {
+                const PinnedBuffer registered = client.registerHost(host.data(), largest);
+                registeredWrite = secondsPerTransfer(largest, options.quick, [&] {
+                    client.write(buffer, 0, registered, largest);
+                    client.sync();
+                });
+                registeredRead = secondsPerTransfer(largest, options.quick, [&] {
+                    client.readInto(buffer, 0, registered, largest);
+                });
+            }
+            client.memoryCleanup(); // every hold of the registration is gone: it is unregistered
+            registerSeconds = median(counts.transfers, [&] {
+                const PinnedBuffer once = client.registerHost(host.data(), largest);
+            });
         }
         client.memoryCleanup();
 
         CUdeviceptr memory = 0;
-        raw.check(raw.cuMemAlloc(&memory, kSize), "cuMemAlloc");
+        raw.check(raw.cuMemAlloc(&memory, largest), "cuMemAlloc");
         ScopeExit freeMemory([&] { raw.cuMemFree(memory); });
         void *pinned = nullptr;
-        raw.check(raw.cuMemHostAlloc(&pinned, kSize, 0), "cuMemHostAlloc");
+        raw.check(raw.cuMemHostAlloc(&pinned, largest, 0), "cuMemHostAlloc");
         ScopeExit freePinned([&] { raw.cuMemFreeHost(pinned); });
-        std::memcpy(pinned, host.data(), kSize);
-        // A pageable cuMemcpyHtoD may return before the DMA landed: the context sync ends it.
-        auto pageableWrite = [&] {
-            raw.check(raw.cuMemcpyHtoD(memory, host.data(), kSize), "cuMemcpyHtoD");
-            raw.check(raw.cuCtxSynchronize(), "cuCtxSynchronize");
-        };
-        auto pageableRead = [&] {
-            raw.check(raw.cuMemcpyDtoH(host.data(), memory, kSize), "cuMemcpyDtoH");
-        };
-        auto pinnedWrite = [&] {
-            raw.check(raw.cuMemcpyHtoDAsync(memory, pinned, kSize, rawStream), "cuMemcpyHtoDAsync");
-            raw.check(raw.cuStreamSynchronize(rawStream), "cuStreamSynchronize");
-        };
-        auto pinnedRead = [&] {
-            raw.check(raw.cuMemcpyDtoHAsync(pinned, memory, kSize, rawStream), "cuMemcpyDtoHAsync");
-            raw.check(raw.cuStreamSynchronize(rawStream), "cuStreamSynchronize");
-        };
-        pageableWrite();
-        pageableRead();
-        pinnedWrite();
-        pinnedRead();
-        const double rawPageableWrite = median(counts.transfers, pageableWrite);
-        const double rawPageableRead = median(counts.transfers, pageableRead);
-        const double rawPinnedWrite = median(counts.transfers, pinnedWrite);
-        const double rawPinnedRead = median(counts.transfers, pinnedRead);
-        row("host->device 256 MiB, GB/s: write(std::vector)+sync (runtime staging) vs raw pinned "
-            "cuMemcpyHtoDAsync",
-            gigabytes / runtimeWrite, gigabytes / rawPinnedWrite, "GB/s", ">= 0.85x");
-        row("host->device 256 MiB, GB/s: write(std::vector)+sync vs raw pageable cuMemcpyHtoD",
-            gigabytes / runtimeWrite, gigabytes / rawPageableWrite, "GB/s", "");
-        row("device->host 256 MiB, GB/s: read(into std::vector) vs raw pinned "
-            "cuMemcpyDtoHAsync",
-            gigabytes / runtimeRead, gigabytes / rawPinnedRead, "GB/s", ">= 0.85x");
-        row("device->host 256 MiB, GB/s: read(into std::vector) vs raw pageable cuMemcpyDtoH",
-            gigabytes / runtimeRead, gigabytes / rawPageableRead, "GB/s", "");
+        std::memcpy(pinned, host.data(), largest);
+        for (TransferTimes &t : times) {
+            const uint64_t bytes = t.bytes;
+            if (t.direction == "write") {
+                // A pageable cuMemcpyHtoD may return before the DMA landed: the context sync
+                // ends it.
+                t.pageable = secondsPerTransfer(bytes, options.quick, [&] {
+                    raw.check(raw.cuMemcpyHtoD(memory, host.data(), bytes), "cuMemcpyHtoD");
+                    raw.check(raw.cuCtxSynchronize(), "cuCtxSynchronize");
+                });
+                t.pinned = secondsPerTransfer(bytes, options.quick, [&] {
+                    raw.check(raw.cuMemcpyHtoDAsync(memory, pinned, bytes, rawStream),
+                              "cuMemcpyHtoDAsync");
+                    raw.check(raw.cuStreamSynchronize(rawStream), "cuStreamSynchronize");
+                });
+                addTransferRows(rows, "cuda", device, t, "raw pageable cuMemcpyHtoD",
+                                "raw pinned cuMemcpyHtoDAsync");
+            } else {
+                t.pageable = secondsPerTransfer(bytes, options.quick, [&] {
+                    raw.check(raw.cuMemcpyDtoH(into.data(), memory, bytes), "cuMemcpyDtoH");
+                });
+                t.pinned = secondsPerTransfer(bytes, options.quick, [&] {
+                    raw.check(raw.cuMemcpyDtoHAsync(pinned, memory, bytes, rawStream),
+                              "cuMemcpyDtoHAsync");
+                    raw.check(raw.cuStreamSynchronize(rawStream), "cuStreamSynchronize");
+                });
+                addTransferRows(rows, "cuda", device, t, "raw pageable cuMemcpyDtoH",
+                                "raw pinned cuMemcpyDtoHAsync");
+            }
+        }
+        const double rawRegisterSeconds = median(counts.transfers, [&] {
+            raw.check(raw.cuMemHostRegister(host.data(), largest,
+                                            CU_MEMHOSTREGISTER_PORTABLE |
+                                                CU_MEMHOSTREGISTER_DEVICEMAP),
+                      "cuMemHostRegister");
+            raw.check(raw.cuMemHostUnregister(host.data()), "cuMemHostUnregister");
+        });
+        const TransferTimes &stagedWrite = times[times.size() - 2]; // the largest write
+        const std::string size = sizeText(largest);
+        row("host->device " + size + " registered (registerHost) vs raw pinned cuMemcpyHtoDAsync",
+            gigabytes / registeredWrite, gigabytes / stagedWrite.pinned, "GB/s", ">= 0.95x");
+        row("device->host " + size + " registered (registerHost) vs raw pinned cuMemcpyDtoHAsync",
+            gigabytes / registeredRead, gigabytes / times.back().pinned, "GB/s", ">= 0.95x");
+        row("registerHost + release " + size + " vs cuMemHostRegister + cuMemHostUnregister",
+            registerSeconds * 1e3, rawRegisterSeconds * 1e3, "ms", "");
+        // The ratio is the number of writes of this size after which registering paid for itself.
+        row("registerHost + release " + size +
+                " vs time a registered write saves over a staged one (ratio = writes to break "
+                "even)",
+            registerSeconds * 1e3, (stagedWrite.runtime - registeredWrite) * 1e3, "ms", "");
     }
 
     // 5. Device-to-device copy of 1 GiB, bytes read + written.

@@ -60,28 +60,12 @@ const KernelVariant *variantFor(const DeviceInfo &info, const KernelSource &k) {
 
 struct RawFigures {
     double allocUs = 0, launchUs = 0, crossUs = 0;
-    double pageableWrite = 0, pageableRead = 0, pinnedWrite = 0, pinnedRead = 0; // GB/s
+    /// Per size and direction: the plugin's copy from / into pageable and pinned memory + wait.
+    std::vector<TransferTimes> transfers;
 };
 
-// The plugin that gives `info`, opened again as the runtime starts it (its plugins.options
-// object, its pipeline cache directory as docs/cache.md lays it out), so both sides run alike.
-RawPlugin openRawPlugin(const Runtime &runtime, const DeviceInfo &info) {
-    for (const PluginReport &report : runtime.plugins()) {
-        if (report.name != info.backend || report.state != PluginState::Loaded) continue;
-        const Config &config = runtime.config();
-        RawPluginOptions options;
-        if (const auto it = config.pluginOptions.find(report.name);
-            it != config.pluginOptions.end())
-            options.optionsJson = it->second;
-        if (const auto cache = cacheDirectory(config); !cache.empty())
-            options.cacheDir = cache / toString(CacheKind::Pipelines) / report.name;
-        return RawPlugin::open(readPluginManifest(report.manifest), options);
-    }
-    throw Error(ErrorCode::NotFound, "no loaded plugin gives " + info.id(), info.backend);
-}
-
 RawFigures measureRaw(RawPlugin plugin, const DeviceInfo &info, int iterations,
-                      uint64_t transferBytes) {
+                      const std::vector<uint64_t> &transferSizes, bool quick) {
     const RawDevice device(std::move(plugin), info.index);
     if (const std::string name = fieldText(device.info().name, sizeof(device.info().name));
         name != info.name)
@@ -133,33 +117,29 @@ RawFigures measureRaw(RawPlugin plugin, const DeviceInfo &info, int iterations,
         f.crossUs = usSince(start) / iterations;
     }
     {
-        const RawMemory dst = device.allocate(BP_MEMORY_DEVICE, transferBytes);
-        std::vector<unsigned char> pageable(transferBytes, 1);
-        const RawMemory pinned = device.allocate(BP_MEMORY_PINNED_HOST, transferBytes);
-        std::memset(pinned.mapped, 1, transferBytes);
-        const double gb = static_cast<double>(transferBytes) / 1e9;
-        auto rate = [&](auto &&body) {
-            body(); // warm-up (first touch)
-            const auto start = Clock::now();
-            body();
-            return gb / (usSince(start) / 1e6);
-        };
-        f.pageableWrite = rate([&] {
-            device.copyHostToDevice(a.get(), pageable.data(), dst.memory.get(), 0, transferBytes);
-            device.sync(a.get());
-        });
-        f.pageableRead = rate([&] {
-            device.copyDeviceToHost(a.get(), dst.memory.get(), 0, pageable.data(), transferBytes);
-            device.sync(a.get());
-        });
-        f.pinnedWrite = rate([&] {
-            device.copyHostToDevice(a.get(), pinned.mapped, dst.memory.get(), 0, transferBytes);
-            device.sync(a.get());
-        });
-        f.pinnedRead = rate([&] {
-            device.copyDeviceToHost(a.get(), dst.memory.get(), 0, pinned.mapped, transferBytes);
-            device.sync(a.get());
-        });
+        const uint64_t largest = transferSizes.back();
+        const RawMemory dst = device.allocate(BP_MEMORY_DEVICE, largest);
+        std::vector<unsigned char> pageable(largest, 1);
+        const RawMemory pinned = device.allocate(BP_MEMORY_PINNED_HOST, largest);
+        std::memset(pinned.mapped, 1, largest);
+        for (const uint64_t bytes : transferSizes) {
+            for (const char *direction : {"write", "read"}) {
+                TransferTimes t;
+                t.direction = direction;
+                t.bytes = bytes;
+                const bool write = t.direction == "write";
+                auto copy = [&](void *memory) {
+                    if (write)
+                        device.copyHostToDevice(a.get(), memory, dst.memory.get(), 0, bytes);
+                    else
+                        device.copyDeviceToHost(a.get(), dst.memory.get(), 0, memory, bytes);
+                    device.sync(a.get());
+                };
+                t.pageable = secondsPerTransfer(bytes, quick, [&] { copy(pageable.data()); });
+                t.pinned = secondsPerTransfer(bytes, quick, [&] { copy(pinned.mapped); });
+                f.transfers.push_back(t);
+            }
+        }
     }
     return f;
 }
@@ -167,14 +147,18 @@ RawFigures measureRaw(RawPlugin plugin, const DeviceInfo &info, int iterations,
 void benchDevice(const Runtime &runtime, const DeviceInfo &info, const BenchOptions &options,
                  BenchRows &rows) {
     const int iterations = options.quick ? 200 : 5000;
-    const uint64_t transferBytes = options.quick ? (16ull << 20) : (256ull << 20);
+    uint64_t largestCap = info.memoryBytes != 0 ? info.memoryBytes / 8 : 0;
+    if (info.maxAllocationBytes != 0)
+        largestCap = largestCap == 0 ? info.maxAllocationBytes
+                                     : std::min(largestCap, info.maxAllocationBytes);
+    const std::vector<uint64_t> sizes = transferSizes(options.quick, largestCap);
     if (variantFor(info, noopKernel()) == nullptr) {
         std::fprintf(stderr, "bench engine: skipping %s (no kernel dialect)\n", info.id().c_str());
         return;
     }
     // The raw side closes its device before the client opens it.
     const RawFigures raw =
-        measureRaw(openRawPlugin(runtime, info), info, iterations, transferBytes);
+        measureRaw(openRawPlugin(runtime, info), info, iterations, sizes, options.quick);
 
     Selection selection;
     selection.device = info;
@@ -203,6 +187,25 @@ void benchDevice(const Runtime &runtime, const DeviceInfo &info, const BenchOpti
     client.sync();
     row("launch, back to back", usSince(start) / iterations, raw.launchUs, "us", "<= 1.10x");
 
+    // Recorded sequences: 100 launches recorded once, replayed; host cost per launch.
+    {
+        constexpr int kLaunches = 100;
+        client.beginRecording();
+        for (int i = 0; i < kLaunches; ++i) client.execute(noop, d);
+        const Recording recording = client.endRecording();
+        client.replay(recording);
+        client.sync();
+        const int replays = std::max(2, iterations / kLaunches);
+        start = Clock::now();
+        for (int i = 0; i < replays; ++i) client.replay(recording);
+        client.sync();
+        rows.push_back({"engine", device,
+                        std::string("100 launches replayed from a recording (") +
+                            (recording.native() ? "the plugin's graph" : "calls issued by the core") +
+                            "), per launch, vs raw launches back to back",
+                        usSince(start) / (replays * kLaunches), raw.launchUs, "us", "<= 0.50x"});
+    }
+
     const StreamId first = ComputeClient::currentStream();
     start = Clock::now();
     // Each iteration hands a fresh buffer produced on A to B: one dependency, as on the raw side.
@@ -223,24 +226,50 @@ void benchDevice(const Runtime &runtime, const DeviceInfo &info, const BenchOpti
     row("cross-stream dependency (launch A, launch B using A's buffer)",
         usSince(start) / iterations, raw.crossUs, "us", "<= 1.5x");
 
-    std::vector<unsigned char> pageable(transferBytes, 1);
-    Buffer big = client.empty(transferBytes);
-    const double gb = static_cast<double>(transferBytes) / 1e9;
-    client.write(big, 0, pageable.data(), transferBytes);
-    client.sync();
-    start = Clock::now();
-    client.write(big, 0, pageable.data(), transferBytes);
-    client.sync();
-    const double writeRate = gb / (usSince(start) / 1e6);
-    std::vector<unsigned char> back(transferBytes, 0);
-    client.readInto(big, 0, back.data(), transferBytes);
-    start = Clock::now();
-    client.readInto(big, 0, back.data(), transferBytes);
-    const double readRate = gb / (usSince(start) / 1e6);
-    row("write pageable via staging vs raw pinned", writeRate, raw.pinnedWrite, "GB/s", ">= 0.85x");
-    row("write pageable via staging vs raw pageable", writeRate, raw.pageableWrite, "GB/s", "");
-    row("read pageable via staging vs raw pinned", readRate, raw.pinnedRead, "GB/s", ">= 0.85x");
-    row("read pageable via staging vs raw pageable", readRate, raw.pageableRead, "GB/s", "");
+    // Pageable transfers of every size through staging, against the plugin's own copies.
+    const uint64_t largest = sizes.back();
+    std::vector<unsigned char> pageable(largest, 1);
+    {
+        const Buffer big = client.empty(largest);
+        for (TransferTimes t : raw.transfers) {
+            const bool write = t.direction == "write";
+            t.runtime = secondsPerTransfer(t.bytes, options.quick, [&] {
+                if (write) {
+                    client.write(big, 0, pageable.data(), t.bytes);
+                    client.sync();
+                } else {
+                    client.readInto(big, 0, pageable.data(), t.bytes);
+                }
+            });
+            addTransferRows(rows, "engine", device, t, "plugin copy from pageable + wait",
+                            "plugin copy from pinned + wait");
+        }
+        // The same memory registered (registerHost): the pinned path on the caller's memory.
+        try {
+            const PinnedBuffer registered = client.registerHost(pageable.data(), largest);
+            for (const TransferTimes &t : raw.transfers) {
+                if (t.bytes != largest) continue;
+                const bool write = t.direction == "write";
+                const double seconds = secondsPerTransfer(largest, options.quick, [&] {
+                    if (write) {
+                        client.write(big, 0, registered, largest);
+                        client.sync();
+                    } else {
+                        client.readInto(big, 0, registered, largest);
+                    }
+                });
+                const double gb = static_cast<double>(largest) / 1e9;
+                rows.push_back({"engine", device,
+                                t.direction + " " + sizeText(largest) +
+                                    " registered (registerHost) vs plugin copy from pinned + wait",
+                                gb / seconds, gb / t.pinned, "GB/s", ">= 0.95x"});
+            }
+        } catch (const Error &e) {
+            if (e.code() != ErrorCode::Unsupported) throw;
+            std::fprintf(stderr, "bench engine: %s: no registered rows (%s)\n", info.id().c_str(),
+                         e.what());
+        }
+    }
 
     // Zero events when streams share nothing: report the count as its own row.
     const uint64_t before = client.stats().alignmentEvents;
@@ -395,6 +424,21 @@ void benchStreamContention(const Runtime &uncached, const DeviceInfo &info,
 }
 
 } // namespace
+
+RawPlugin openRawPlugin(const Runtime &runtime, const DeviceInfo &info) {
+    for (const PluginReport &report : runtime.plugins()) {
+        if (report.name != info.backend || report.state != PluginState::Loaded) continue;
+        const Config &config = runtime.config();
+        RawPluginOptions options;
+        if (const auto it = config.pluginOptions.find(report.name);
+            it != config.pluginOptions.end())
+            options.optionsJson = it->second;
+        if (const auto cache = cacheDirectory(config); !cache.empty())
+            options.cacheDir = cache / toString(CacheKind::Pipelines) / report.name;
+        return RawPlugin::open(readPluginManifest(report.manifest), options);
+    }
+    throw Error(ErrorCode::NotFound, "no loaded plugin gives " + info.id(), info.backend);
+}
 
 void benchEngine(const BenchOptions &options, BenchRows &rows) {
     Runtime runtime;

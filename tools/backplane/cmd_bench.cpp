@@ -43,6 +43,9 @@ const std::vector<Suite> &suites() {
 #ifdef BACKPLANE_HAVE_BENCH_KERNELS
         {"kernels", &benchKernels},
 #endif
+#ifdef BACKPLANE_HAVE_BENCH_TRANSFERS
+        {"transfers", &benchTransfers},
+#endif
     };
     return all;
 }

@@ -24,6 +24,7 @@ class Kernel; // backplane/lang.hpp
 namespace detail {
 class ComputeServer;
 class PinnedBlock;
+struct RecordingState;
 /// The server behind a client (for the core's own parts: the Communicator).
 std::shared_ptr<ComputeServer> serverOf(const ComputeClient &client);
 } // namespace detail
@@ -119,7 +120,8 @@ private:
     std::function<std::vector<std::byte>()> finish_;
 };
 
-/// Host memory pinned (page-locked) through the runtime: transfers from and to it go straight
+/// Host memory pinned (page-locked) through the runtime (allocatePinned), or the application's
+/// own memory registered with the device (registerHost): transfers from and to it go straight
 /// to the device without staging. Keep its contents unchanged after a write from it until a
 /// later read or sync on the same stream returned.
 class PinnedBuffer {
@@ -136,6 +138,49 @@ private:
 
 /// Native objects for interop (mirrors bp_native_kind).
 enum class NativeKind { Device, Stream, Memory };
+
+/// A sequence of launches, copies and fills recorded once on one stream of a client
+/// (ComputeClient::beginRecording ... endRecording) and replayed many times with
+/// ComputeClient::replay (docs/recording.md). A replay means the same as issuing the recorded
+/// calls again, in order, on the replaying thread's current stream, with the buffers, kernels and
+/// scalars they were recorded with; it is ordered after every earlier use of those buffers on
+/// every stream, like any other work. The device replays it as one native object where it has
+/// one (a CUDA graph, a reusable Vulkan command buffer, the host plugin's replay list), else the
+/// core issues the recorded calls itself.
+///
+/// A recording keeps every buffer it uses (also ones the application dropped after recording
+/// them), its kernels, its PinnedBuffers and the device open: the memory pool never hands that
+/// memory to anything else while the recording exists. Cheap to copy (copies share it); safe
+/// from any thread.
+class Recording {
+public:
+    Recording() = default;
+    /// False for a default-constructed Recording.
+    explicit operator bool() const noexcept { return state_ != nullptr; }
+    /// Operations recorded (launches, copies, fills).
+    size_t operations() const;
+    /// Launches recorded; update() numbers them from 0 in recording order.
+    size_t launches() const;
+    /// True when the device replays the recording as one native object; false when the core
+    /// issues the recorded calls one by one (replayNote() says why).
+    bool native() const;
+    /// How the recording replays, for logs: "cuda graph"-like text from the plugin or the reason
+    /// the core replays the calls itself.
+    std::string replayNote() const;
+    /// Changes launch number `launch` for later replays: grid, bindings and scalars may change;
+    /// the kernel, the block size, the number of bindings, the scalar size and whether the grid
+    /// comes from a buffer may not (Error(InvalidArgument), nothing changed). Replays issued
+    /// before the call keep the old values. The device updates its native object in place where
+    /// it can (CUDA graph exec update), else the core builds a new one.
+    void update(size_t launch, const Dispatch &dispatch);
+    /// The same for a launch of a portable kernel (its dispatch prepared like execute() does).
+    void update(size_t launch, const lang::Kernel &kernel, const Dispatch &dispatch);
+
+private:
+    friend class detail::ComputeServer;
+    explicit Recording(std::shared_ptr<detail::RecordingState> state) : state_(std::move(state)) {}
+    std::shared_ptr<detail::RecordingState> state_;
+};
 
 /// The application's handle to one opened device. Cheap to copy (shares one server), safe to
 /// use from any thread at once. Every operation runs on the calling thread's current stream.
@@ -174,6 +219,18 @@ public:
     void memoryCleanup();
     /// Allocates page-locked host memory for direct transfers.
     PinnedBuffer allocatePinned(size_t size);
+    /// Registers `size` bytes of the application's own memory at `data` with the device
+    /// (page-locks them: cuMemHostRegister on CUDA), so that write() and readInto() of the
+    /// returned PinnedBuffer (whose data() is `data`) move them directly, at pinned speed,
+    /// without staging. The caller promises that the memory stays allocated, in place, while the
+    /// PinnedBuffer, a copy of it, or a recording using it lives; a transfer holds the
+    /// registration until its copy completed. The registration (never the memory) is released
+    /// when the last of those goes. Registering takes time (the driver locks every page): it pays
+    /// for a buffer that is transferred several times (docs/memory.md, "Registered host
+    /// memory"). Throws Error(Unsupported) naming the plugin when the device cannot register
+    /// host memory (Vulkan, plugins of ABI < 1.3), Error(InvalidArgument) for a null `data`,
+    /// `size` 0, or a range the driver refuses (one overlapping a registered range).
+    PinnedBuffer registerHost(void *data, size_t size);
 
     // transfers ---------------------------------------------------------------------------------
     // One argument order for every transfer: the buffer, where in it (offset), the host side
@@ -265,6 +322,26 @@ public:
     static StreamId currentStream();
     /// Sets the calling thread's current stream (for every client).
     static void setStream(StreamId id);
+
+    // recording ---------------------------------------------------------------------------------
+    /// Starts recording this thread's calls on the current stream: until endRecording(),
+    /// execute(), copy() (on this device), fill(), and write() / readInto() of a PinnedBuffer
+    /// that this thread issues on this stream are recorded, not run (other threads sharing the
+    /// stream id are not recorded) (a recorded readInto fills the PinnedBuffer at each replay: sync() before
+    /// reading it). Buffers may be allocated meanwhile (empty()). Calls that must run now or
+    /// take pageable host memory — read(), readInto() / write() / create() of pageable memory,
+    /// tensor transfers, copies to another device, collectives, sync() of this stream,
+    /// profiling, replay() — are Error(InvalidArgument) while the stream records; other
+    /// streams and threads work as usual. Error(InvalidArgument) when it already records.
+    void beginRecording();
+    /// Ends this thread's recording on the current stream and returns it (it may hold no
+    /// operations; replaying that does nothing). Error(InvalidArgument) when none is open.
+    Recording endRecording();
+    /// True while this thread records on the current stream.
+    bool recording() const;
+    /// Issues the recording on the current stream (see Recording). Error(InvalidArgument) for a
+    /// recording of another client or while this stream records.
+    void replay(const Recording &recording);
 
     // profiling ---------------------------------------------------------------------------------
     /// Starts a span on the current stream. Tokens started on one stream nest: end them in

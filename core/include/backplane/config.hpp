@@ -76,6 +76,10 @@ struct Config {
     SchedulerMode schedulerMode = SchedulerMode::Interleave;
     /// streams.max_tasks: tasks batched per scheduler flush.
     uint32_t schedulerMaxTasks = 8;
+    /// streams.native_recordings: replay recordings through the plugin's graphs (CUDA graphs,
+    /// Vulkan command buffers, host replay lists) where it has them; false makes the core issue
+    /// the recorded calls itself (to compare, or to work around a driver's graphs).
+    bool nativeRecordings = true;
 
     // "memory" --------------------------------------------------------------------------------
     /// memory.staging_chunk_bytes: chunk of the pinned staging pipeline for pageable transfers.
@@ -84,6 +88,17 @@ struct Config {
     /// (0 = derived: 8 chunks, at most an eighth of the device's memory; the chunk shrinks so
     /// that two fit). Transfers that find no free block copy unstaged.
     uint64_t stagingLimitBytes = 0;
+    /// memory.staging_ring_depth: staging blocks one pageable transfer keeps in flight (1-16):
+    /// the host fills (write) or empties (read) one while the device copies the others. Fewer
+    /// when the device's bound leaves fewer free.
+    uint32_t stagingRingDepth = 3;
+    /// memory.staging_copy_threads: threads that copy between pageable memory and the staging
+    /// blocks, the calling thread included (0 = derived: 3/4 of the hardware threads, 1-16).
+    uint32_t stagingCopyThreads = 0;
+    /// memory.staging_streaming_stores: copies of a megabyte or more into and out of staging
+    /// use non-temporal stores (x86-64), which write memory without first reading it into the
+    /// cache; false uses memcpy.
+    bool stagingStreamingStores = true;
     /// memory.max_page_bytes: cap on sliced-pool page size (0 = derived from device memory).
     uint64_t maxPageBytes = 0;
     /// memory.release_idle_after_ms: a page with no live buffer whose work completed goes back

@@ -86,6 +86,9 @@ void ComputeClient::setAllocationMode(AllocationMode mode) { server_->setAllocat
 MemoryUsage ComputeClient::memoryUsage() const { return server_->memoryUsage(); }
 void ComputeClient::memoryCleanup() { server_->memoryCleanup(); }
 PinnedBuffer ComputeClient::allocatePinned(size_t size) { return server_->allocatePinned(size); }
+PinnedBuffer ComputeClient::registerHost(void *data, size_t size) {
+    return server_->registerHost(data, size);
+}
 
 void ComputeClient::write(const Buffer &buffer, uint64_t offset, const void *data, uint64_t size) {
     server_->write(currentStream(), buffer, offset, data, size);
@@ -141,6 +144,13 @@ void ComputeClient::execute(const KernelSource &kernel, const Dispatch &dispatch
     server_->execute(currentStream(), kernel, dispatch);
 }
 void ComputeClient::prepare(const KernelSource &kernel) { server_->prepare(kernel); }
+
+void ComputeClient::beginRecording() { server_->beginRecording(currentStream()); }
+Recording ComputeClient::endRecording() { return server_->endRecording(currentStream()); }
+bool ComputeClient::recording() const { return server_->recording(currentStream()); }
+void ComputeClient::replay(const Recording &recording) {
+    server_->replay(currentStream(), recording);
+}
 
 void ComputeClient::flush() { server_->flush(currentStream()); }
 void ComputeClient::sync() { server_->sync(currentStream()); }

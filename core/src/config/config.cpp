@@ -143,7 +143,8 @@ public:
         if (root.contains("memory")) {
             const Json &m = object(root["memory"], "/memory");
             checkKeys(m, "/memory",
-                      {"staging_chunk_bytes", "staging_limit_bytes", "max_page_bytes",
+                      {"staging_chunk_bytes", "staging_limit_bytes", "staging_ring_depth",
+                       "staging_copy_threads", "staging_streaming_stores", "max_page_bytes",
                        "release_idle_after_ms"});
             if (m.contains("staging_chunk_bytes"))
                 c.stagingChunkBytes = unsignedInt(m["staging_chunk_bytes"],
@@ -153,6 +154,15 @@ public:
                 c.stagingLimitBytes = unsignedInt(m["staging_limit_bytes"],
                                                   "/memory/staging_limit_bytes", 0,
                                                   std::numeric_limits<uint64_t>::max());
+            if (m.contains("staging_ring_depth"))
+                c.stagingRingDepth = static_cast<uint32_t>(
+                    unsignedInt(m["staging_ring_depth"], "/memory/staging_ring_depth", 1, 16));
+            if (m.contains("staging_copy_threads"))
+                c.stagingCopyThreads = static_cast<uint32_t>(
+                    unsignedInt(m["staging_copy_threads"], "/memory/staging_copy_threads", 0, 64));
+            if (m.contains("staging_streaming_stores"))
+                c.stagingStreamingStores =
+                    boolean(m["staging_streaming_stores"], "/memory/staging_streaming_stores");
             if (m.contains("max_page_bytes"))
                 c.maxPageBytes = unsignedInt(m["max_page_bytes"], "/memory/max_page_bytes", 0,
                                              std::numeric_limits<uint64_t>::max());
@@ -240,7 +250,7 @@ private:
     }
 
     void readStreams(const Json &s, Config &c) const {
-        checkKeys(s, "/streams", {"max_streams", "scheduler", "max_tasks"});
+        checkKeys(s, "/streams", {"max_streams", "scheduler", "max_tasks", "native_recordings"});
         if (s.contains("max_streams"))
             c.maxStreams = static_cast<uint32_t>(
                 unsignedInt(s["max_streams"], "/streams/max_streams", 1, 65536));
@@ -255,6 +265,8 @@ private:
         if (s.contains("max_tasks"))
             c.schedulerMaxTasks = static_cast<uint32_t>(
                 unsignedInt(s["max_tasks"], "/streams/max_tasks", 1, 1u << 20));
+        if (s.contains("native_recordings"))
+            c.nativeRecordings = boolean(s["native_recordings"], "/streams/native_recordings");
     }
 
     fs::path file_;
@@ -413,10 +425,14 @@ std::string toJson(const Config &config, int indent) {
         {"streams",
          {{"max_streams", config.maxStreams},
           {"scheduler", toString(config.schedulerMode)},
-          {"max_tasks", config.schedulerMaxTasks}}},
+          {"max_tasks", config.schedulerMaxTasks},
+          {"native_recordings", config.nativeRecordings}}},
         {"memory",
          {{"staging_chunk_bytes", config.stagingChunkBytes},
           {"staging_limit_bytes", config.stagingLimitBytes},
+          {"staging_ring_depth", config.stagingRingDepth},
+          {"staging_copy_threads", config.stagingCopyThreads},
+          {"staging_streaming_stores", config.stagingStreamingStores},
           {"max_page_bytes", config.maxPageBytes},
           {"release_idle_after_ms", config.releaseIdleAfterMs}}},
         {"cache",

@@ -113,18 +113,21 @@ std::shared_ptr<Slice> MemoryPool::carve(uint32_t poolIndex, Page &page, uint64_
     pool.bytesPadding += reserved - size;
     ++pool.allocations;
 
-    auto slice = std::make_shared<Slice>();
+    auto *slice = new Slice;
     slice->memory = page.memory.memory.get();
     slice->offset = offset;
     slice->size = size;
-    slice->record = {poolIndex, &page, offset, reserved, size, {}};
+    slice->record = {poolIndex, &page, offset, reserved, size, {}, pool.kind == PoolKind::Sliced};
     slice->queue = queue_;
     slice->homeSlot = slot;
     slice->uses = std::move(range.hazards); // the new buffer is ordered after the old uses
-    return slice;
+    // The recycler may keep it in the SliceCache when it dies (a failed control-block
+    // allocation calls it too: the slice then goes back like any freed one).
+    return std::shared_ptr<Slice>(slice, SliceRecycler{});
 }
 
-std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, uint32_t slot) {
+std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, uint32_t slot,
+                                           bool mayGrow) {
     if (size == 0) size = 1;
     ++reservesSinceCheck_;
     const uint64_t reserved = alignUp(size, layout_.alignment);
@@ -134,6 +137,7 @@ std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, u
         for (auto &page : pool.pages)
             if (page->live == 0 && page->memory.size == reserved)
                 return carve(persistentIndex_, *page, 0, reserved, size, slot);
+        if (!mayGrow) return nullptr;
         Page &page = newPage(pool, reserved);
         return carve(persistentIndex_, page, 0, reserved, size, slot);
     }
@@ -162,6 +166,7 @@ std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, u
             for (auto &page : pool.pages)
                 for (const auto &[offset, range] : page->freeRanges)
                     if (range.size >= reserved) return carve(i, *page, offset, reserved, size, slot);
+        if (!mayGrow) return nullptr;
         Page &page = newPage(pool, pool.pageBytes);
         return carve(i, page, 0, reserved, size, slot);
     }
@@ -189,10 +194,13 @@ std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, u
     }
     const uint64_t pageBytes = std::min(alignUp(reserved, layout_.exclusiveRounding),
                                         std::max(reserved, layout_.maxAllocationBytes));
-    if (best == nullptr) best = &newPage(pool, pageBytes);
-    else if (!bestClean) {
+    if (best == nullptr) {
+        if (!mayGrow) return nullptr;
+        best = &newPage(pool, pageBytes);
+    } else if (!bestClean) {
         // The only idle page that fits is still used by another stream: a new page avoids
         // waiting for that work, when the device has the memory.
+        if (!mayGrow) return nullptr;
         try {
             best = &newPage(pool, pageBytes);
         } catch (const Error &e) {
@@ -268,6 +276,18 @@ bool MemoryPool::coalesce(Page &page) {
         }
     }
     return merged;
+}
+
+void MemoryPool::countCachedReserves(uint32_t count) {
+    reservesSinceCheck_ += count;
+    callsSinceClock_ += count;
+}
+
+void MemoryPool::adjustInUse(uint32_t poolIndex, int64_t delta) {
+    if (delta == 0 || poolIndex >= pools_.size()) return;
+    Pool &pool = pools_[poolIndex];
+    pool.bytesInUse += static_cast<uint64_t>(delta);
+    pool.bytesPadding -= static_cast<uint64_t>(delta);
 }
 
 bool MemoryPool::releaseDue() {

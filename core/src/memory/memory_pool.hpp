@@ -39,7 +39,9 @@ PoolLayout computePoolLayout(const DeviceInfo &info, const Config &config);
 /// range keeps the uses of what was freed into it, a slice carved from it inherits them (the
 /// engine orders the slice's first use after them, on whichever stream), and a page goes back to
 /// the plugin only when every use of it completed. Not thread-safe: the server calls it under its
-/// engine lock. Slices it hands out return through the FreeQueue and are applied with release().
+/// engine lock. Slices it hands out return through the FreeQueue and are applied with release();
+/// those of sliced pools may wait in the FreeQueue's SliceCache first, still counted as allocated
+/// here (their pages stay), until the server flushes the cache.
 class MemoryPool {
 public:
     using Clock = std::chrono::steady_clock;
@@ -53,15 +55,24 @@ public:
     MemoryPool &operator=(const MemoryPool &) = delete;
 
     /// A slice of at least `size` bytes for stream slot `slot`, with the hazards of the memory it
-    /// reuses. Prefers memory with no pending use on another slot. Throws Error(OutOfMemory) when
-    /// the plugin refuses a new page (the server then cleans up and retries once).
-    std::shared_ptr<Slice> reserve(uint64_t size, AllocationMode mode, uint32_t slot);
+    /// reuses. Prefers memory with no pending use on another slot. Null when it would need a new
+    /// page and `mayGrow` is false (the server then flushes the slice caches and asks again).
+    /// Throws Error(OutOfMemory) when the plugin refuses a new page (the server then cleans up
+    /// and retries once). Sliced-pool slices it hands out die through SliceRecycler.
+    std::shared_ptr<Slice> reserve(uint64_t size, AllocationMode mode, uint32_t slot,
+                                   bool mayGrow = true);
     /// Takes a slice back (its page stays cached).
     void release(FreeRecord &&record);
     /// True when the periodic release of idle pages is due: every deallocPeriod reserves, and
     /// at least twice per releaseIdleAfter (the clock is read on every 64th call only: it costs
     /// more than the rest of an allocation).
     bool releaseDue();
+    /// Counts `count` allocations served by a SliceCache towards releaseDue() (reservations and
+    /// calls; the next releaseDue() reads the clock).
+    void countCachedReserves(uint32_t count);
+    /// Slices handed out again by a SliceCache for another requested size: `delta` requested
+    /// bytes more in use in pool `poolIndex` (and as many fewer bytes of padding).
+    void adjustInUse(uint32_t poolIndex, int64_t delta);
     /// Returns idle pages (no live slice) whose uses all completed per `settled`: all of them when
     /// `everything` (persistent pages included), else those seen idle at more than
     /// idleChecksBeforeRelease checks or idle for releaseIdleAfter. The pages move to `freed`:

@@ -42,7 +42,9 @@ std::pair<uint64_t, uint64_t> stagingSizes(const DeviceInfo &info, const Config 
 ComputeServer::ComputeServer(std::shared_ptr<Driver> driver, const Config &config)
     : driver_(std::move(driver)), config_(config), layout_(computePoolLayout(info(), config_)),
       maxStreams_(slotCount(info(), config_)), openNumber_(nextOpenNumber.fetch_add(1)),
-      freeQueue_(std::make_shared<FreeQueue>(info().id(), openNumber_)),
+      freeQueue_(std::make_shared<FreeQueue>(
+          info().id(), openNumber_, maxStreams_,
+          static_cast<uint32_t>(layout_.slicedPageBytes.size()))),
       streams_(std::make_shared<PluginStreams>(driver_)), tracker_(maxStreams_),
       kernels_(driver_, config_) {
     pool_ = std::make_unique<MemoryPool>(driver_, layout_, freeQueue_, tracker_);
@@ -83,7 +85,7 @@ ComputeServer::~ComputeServer() {
     staging_.reset();
     {
         std::lock_guard lock(mutex_);
-        drainFreesLocked();
+        flushCachesLocked(); // markClosed() above: nothing is cached after this
     }
     pool_.reset();
     std::lock_guard lock(lostMutex_);
@@ -205,8 +207,43 @@ void ComputeServer::drainFreesLocked() {
     freeScratch_.clear();
 }
 
+void ComputeServer::flushCachesLocked() {
+    std::vector<Slice *> cached;
+    freeQueue_->cache().takeAll(cached);
+    for (Slice *slice : cached) delete slice; // queues its record with its hazards
+    drainFreesLocked();
+    // After the drain: a record released there with a size a cache hit changed had that change
+    // counted before it was freed, so pool and deltas agree once folded.
+    SliceCache &cache = freeQueue_->cache();
+    for (uint32_t pool = 0; pool < cache.pools(); ++pool)
+        pool_->adjustInUse(pool, cache.takeInUse(pool));
+}
+
+void ComputeServer::maintainPool() {
+    std::vector<MemoryPage> freed; // destroyed after the lock below is released
+    std::lock_guard lock(mutex_);
+    pool_->countCachedReserves(SliceCache::kMaintenancePeriod);
+    drainFreesLocked();
+    releaseIdleLocked(false, freed);
+}
+
+std::shared_ptr<Slice> ComputeServer::reuseCached(Slice *slice, uint64_t size, uint32_t slot) {
+    // Same range, same `uses`: the new owner's first use is ordered after the old owner's uses
+    // exactly as for memory from the pool (invariant 1 of docs/memory.md).
+    if (size != slice->record.requested) {
+        freeQueue_->cache().addInUse(slice->record.pool,
+                                     static_cast<int64_t>(size - slice->record.requested));
+        slice->record.requested = size;
+    }
+    slice->size = size;
+    slice->homeSlot = slot;
+    return std::shared_ptr<Slice>(slice, SliceRecycler{});
+}
+
 void ComputeServer::releaseIdleLocked(bool everything, std::vector<MemoryPage> &freed) {
     if (!everything && !pool_->releaseDue()) return;
+    // Cached slices keep their pages: they go back to the pool first, so an idle page is seen.
+    flushCachesLocked();
     const auto now = MemoryPool::Clock::now();
     if (multi_) {
         // Holds of streams that went quiet go to the GC now, and what completed is learnt.
@@ -230,8 +267,7 @@ void ComputeServer::releaseEverythingIdle() {
     std::vector<MemoryPage> pages;
     {
         std::lock_guard lock(mutex_);
-        drainFreesLocked();
-        releaseIdleLocked(true, pages);
+        releaseIdleLocked(true, pages); // flushes the slice caches first
         blocks = staging_->takeIdle(
             [this](const Fence &fence, bool query) { return fenceSettled(fence, query); });
     }
@@ -240,13 +276,30 @@ void ComputeServer::releaseEverythingIdle() {
 
 std::shared_ptr<Slice> ComputeServer::allocate(uint32_t slot, uint64_t size) {
     checkAlive();
+    // The common case: a slice of this size that this stream slot freed recently, taken from
+    // its cache without the engine lock (sizes the sliced pools serve, outside persistent mode).
+    if (size <= layout_.slicedMaxSlice.back() &&
+        mode_.load(std::memory_order_relaxed) == AllocationMode::Auto) {
+        const uint64_t a = layout_.alignment;
+        const uint64_t reserved =
+            (a & (a - 1)) == 0 ? (size + a - 1) & ~(a - 1) : alignUp(size, a);
+        const SliceCache::Taken taken = freeQueue_->cache().take(slot, reserved);
+        std::shared_ptr<Slice> slice; // owned before the check below can throw
+        if (taken.slice != nullptr) slice = reuseCached(taken.slice, size, slot);
+        if (taken.maintenanceDue) maintainPool();
+        if (slice) return slice;
+    }
     {
         std::vector<MemoryPage> freed; // destroyed after the lock below is released
         std::lock_guard lock(mutex_);
         drainFreesLocked();
         releaseIdleLocked(false, freed);
         try {
-            return pool_->reserve(size, mode_, slot);
+            const AllocationMode mode = mode_.load(std::memory_order_relaxed);
+            if (auto slice = pool_->reserve(size, mode, slot, false)) return slice;
+            // Cached slices may hold what fits: the pool grows only when they do not.
+            flushCachesLocked();
+            return pool_->reserve(size, mode, slot, true);
         } catch (const Error &e) {
             if (e.code() != ErrorCode::OutOfMemory || size > layout_.maxAllocationBytes) throw;
             log::write(log::Subsystem::Memory, log::Level::Info,
@@ -257,14 +310,15 @@ std::shared_ptr<Slice> ComputeServer::allocate(uint32_t slot, uint64_t size) {
     // The waits run with no lock held: other threads keep working meanwhile.
     releaseEverythingIdle();
     std::lock_guard lock(mutex_);
-    drainFreesLocked();
+    flushCachesLocked();
     try {
-        auto slice = pool_->reserve(size, mode_, slot);
+        auto slice = pool_->reserve(size, mode_.load(std::memory_order_relaxed), slot, true);
         ++counters_.outOfMemoryRetries;
         return slice;
     } catch (const Error &e) {
         if (e.code() != ErrorCode::OutOfMemory) throw;
         MemoryUsage usage;
+        flushCachesLocked();
         pool_->appendUsage(usage);
         usage.bytesStaging = staging_->bytesReserved();
         throw Error(ErrorCode::OutOfMemory,
@@ -287,6 +341,7 @@ Buffer ComputeServer::empty(StreamId stream, uint64_t size) {
 }
 
 Buffer ComputeServer::create(StreamId stream, const void *data, uint64_t size) {
+    refuseWhileRecording(stream, "create() (it writes pageable host memory)");
     Buffer buffer = empty(stream, size);
     write(stream, buffer, 0, data, size);
     return buffer;
@@ -330,7 +385,7 @@ Tensor ComputeServer::emptyTensor(StreamId stream, std::span<const uint64_t> sha
 
 void ComputeServer::setAllocationMode(AllocationMode mode) {
     std::lock_guard lock(mutex_);
-    mode_ = mode;
+    mode_.store(mode, std::memory_order_relaxed);
 }
 
 MemoryUsage ComputeServer::memoryUsage() {
@@ -340,6 +395,7 @@ MemoryUsage ComputeServer::memoryUsage() {
         std::lock_guard lock(mutex_);
         drainFreesLocked();
         releaseIdleLocked(false, freed);
+        flushCachesLocked(); // cached slices are not in use: they count as free pool memory
         pool_->appendUsage(usage);
     }
     freed.clear();
@@ -371,17 +427,14 @@ void ComputeServer::prepare(const KernelSource &kernel) {
     kernels_.find(kernel);
 }
 
-void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
-                            const Dispatch &dispatch) {
-    checkAlive();
-    // The launch path allocates nothing on the heap for up to 16 buffers.
-    boost::container::small_vector<SlicePtr, 17> slices;
+void ComputeServer::checkDispatch(const std::string &kernelName, const Dispatch &dispatch,
+                                  boost::container::small_vector<SlicePtr, 17> &slices) const {
     const uint64_t alignment = std::max<uint64_t>(info().bindingAlignment, 1);
     for (const Buffer &b : dispatch.bindings) {
         slices.push_back(&sliceOf(b, "execute"));
         if (b.offset() % alignment != 0)
             throw Error(ErrorCode::InvalidArgument,
-                        "kernel '" + kernel.name + "': binding " +
+                        "kernel '" + kernelName + "': binding " +
                             std::to_string(slices.size() - 1) + " is a view starting at byte " +
                             std::to_string(b.offset()) + " of its buffer; " + info().id() +
                             " binds buffers at multiples of " + std::to_string(alignment) +
@@ -389,7 +442,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                             "pass the offset to the kernel as a scalar");
         if (b.size() == 0)
             throw Error(ErrorCode::InvalidArgument,
-                        "kernel '" + kernel.name + "': binding " +
+                        "kernel '" + kernelName + "': binding " +
                             std::to_string(slices.size() - 1) +
                             " is a zero-byte Buffer; a kernel cannot bind one (it has no "
                             "memory): bind a buffer of at least one byte, or skip the launch");
@@ -397,7 +450,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     if (dispatch.gridBuffer) {
         if (!driver_->hasCapability(BP_CAPABILITY_INDIRECT_DISPATCH))
             throw Error(ErrorCode::Unsupported,
-                        "kernel '" + kernel.name + "': " + info().id() +
+                        "kernel '" + kernelName + "': " + info().id() +
                             " has no indirect dispatch (grid from a buffer)",
                         info().backend);
         slices.push_back(&sliceOf(dispatch.gridBuffer, "execute"));
@@ -405,11 +458,24 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
         if (dispatch.gridOffset % 4 != 0 || dispatch.gridOffset > gridBytes ||
             gridBytes - dispatch.gridOffset < 3 * sizeof(uint32_t))
             throw Error(ErrorCode::InvalidArgument,
-                        "kernel '" + kernel.name + "': gridOffset " +
+                        "kernel '" + kernelName + "': gridOffset " +
                             std::to_string(dispatch.gridOffset) +
                             " must be a multiple of 4 with three uint32 behind it inside the "
                             "grid buffer of " + std::to_string(gridBytes) + " bytes");
     }
+}
+
+void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
+                            const Dispatch &dispatch) {
+    checkAlive();
+    if (recordings_.load(std::memory_order_acquire) != 0)
+        if (auto builder = findRecording(stream)) {
+            recordLaunch(*builder, kernel, dispatch);
+            return;
+        }
+    // The launch path allocates nothing on the heap for up to 16 buffers.
+    boost::container::small_vector<SlicePtr, 17> slices;
+    checkDispatch(kernel.name, dispatch, slices);
     // Compiling (or waiting for another thread's compile) takes no engine lock.
     bp_kernel *handle = kernels_.find(kernel);
     const uint32_t slot = slotOf(stream);
@@ -559,6 +625,7 @@ void ComputeServer::flush(StreamId stream) {
 
 void ComputeServer::sync(StreamId stream) {
     checkAlive();
+    refuseWhileRecording(stream, "sync() of the recording stream");
     syncSlot(slotOf(stream));
 }
 
@@ -566,6 +633,7 @@ void ComputeServer::sync(StreamId stream) {
 
 ProfileToken ComputeServer::profileStart(StreamId stream) {
     checkAlive();
+    refuseWhileRecording(stream, "profileStart()");
     const uint32_t slot = slotOf(stream);
     const bool timestamps = multi_ && driver_->hasCapability(BP_CAPABILITY_TIMESTAMPS) &&
                             driver_->plugin().has(&bp_plugin_api::event_elapsed_ns);

@@ -13,8 +13,12 @@
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
 
+#include <boost/container/small_vector.hpp>
+
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -22,6 +26,11 @@
 #include <vector>
 
 namespace backplane::detail {
+
+struct RecordingBuilder;
+struct RecordingState;
+struct RecordedOp;
+struct RecordingVersion;
 
 /// The plugin's streams and events, as MultiStream and SchedulerMultiStream want them. Shared by
 /// every event it made, so an event (in a ReadFuture, say) may outlive the server.
@@ -87,6 +96,8 @@ public:
     MemoryUsage memoryUsage();
     void memoryCleanup();
     PinnedBuffer allocatePinned(size_t size);
+    /// ComputeClient::registerHost (transfers.cpp).
+    PinnedBuffer registerHost(void *data, size_t size);
 
     // Transfers take (buffer, offset, host side, size), as ComputeClient's do.
     void write(StreamId stream, const Buffer &buffer, uint64_t offset, const void *data,
@@ -123,6 +134,15 @@ public:
     void execute(StreamId stream, const KernelSource &kernel, const Dispatch &dispatch);
     void prepare(const KernelSource &kernel);
 
+    // recorded sequences (recording.cpp)
+    void beginRecording(StreamId stream);
+    Recording endRecording(StreamId stream);
+    bool recording(StreamId stream);
+    void replay(StreamId stream, const Recording &recording);
+    /// Recording::update; `kernelName`, when given, must be the recorded launch's kernel.
+    void updateRecording(RecordingState &state, size_t launch, const Dispatch &dispatch,
+                         const std::string *kernelName = nullptr);
+
     void flush(StreamId stream);
     void sync(StreamId stream);
     void syncAll();
@@ -132,6 +152,8 @@ public:
     ProfileDuration profileEnd(ProfileToken token);
 
     EngineStats stats();
+    /// Allocations served by the slice caches so far (tests, benchmarks).
+    uint64_t sliceCacheHits() { return freeQueue_->cache().hits(); }
     uint64_t nativeHandle(StreamId stream, NativeKind kind, const Buffer *buffer);
 
     /// Waits for `fence` with no lock held and records the completion; a failure marks the
@@ -166,9 +188,43 @@ private:
     /// beyond the device's bound when none is free and `beyondLimit`.
     std::vector<StagingLease> stagingBlocks(size_t count, uint32_t slot, bool beyondLimit);
 
+    /// Checks a dispatch against the device (alignment, empty bindings, the grid buffer) and
+    /// gathers the slices it uses: its bindings in order, then the grid buffer.
+    void checkDispatch(const std::string &kernelName, const Dispatch &dispatch,
+                       boost::container::small_vector<SlicePtr, 17> &slices) const;
+
+    // recorded sequences (recording.cpp)
+    /// The calling thread's open recording on `stream`, or null; one load when none is open.
+    std::shared_ptr<RecordingBuilder> recordingOf(StreamId stream) {
+        if (recordings_.load(std::memory_order_acquire) == 0) return nullptr;
+        return findRecording(stream);
+    }
+    std::shared_ptr<RecordingBuilder> findRecording(StreamId stream);
+    /// Error(InvalidArgument) when the calling thread records on `stream`: `what` cannot be part
+    /// of a recording.
+    void refuseWhileRecording(StreamId stream, const char *what) {
+        if (recordings_.load(std::memory_order_acquire) != 0) refuseRecorded(stream, what);
+    }
+    void refuseRecorded(StreamId stream, const char *what);
+    /// Appends a launch / copy / fill / pinned copy to `builder` (checked like the real call).
+    void recordLaunch(RecordingBuilder &builder, const KernelSource &kernel,
+                      const Dispatch &dispatch);
+    void recordOp(RecordingBuilder &builder, RecordedOp op);
+    /// Builds the plugin's graph of `version` into it; false (with `note`) when there is none.
+    bool bakeGraph(RecordingVersion &version, std::string &note);
+
     // memory (compute_server.cpp)
     std::shared_ptr<Slice> allocate(uint32_t slot, uint64_t size);
     void drainFreesLocked();
+    /// Every slice cache back into the pool (their records queued with their hazards and
+    /// applied), and the cache hits' changes of bytes in use folded into it. Before anything
+    /// that must see cached memory as free: usage reports, idle release, a new page, the
+    /// out-of-memory retry, teardown.
+    void flushCachesLocked();
+    /// The pool's periodic check, for allocations served by the slice caches.
+    void maintainPool();
+    /// A cached slice as the new allocation of `size` bytes on `slot`.
+    std::shared_ptr<Slice> reuseCached(Slice *slice, uint64_t size, uint32_t slot);
     /// The periodic release of idle pages, when due; never waits. The pages it takes from the
     /// pool go to `freed`: the caller drops them after releasing the engine lock.
     void releaseIdleLocked(bool everything, std::vector<MemoryPage> &freed);
@@ -223,7 +279,7 @@ private:
     std::mutex mutex_; ///< the engine lock (see the class comment)
     std::vector<FreeRecord> freeScratch_;
     std::unique_ptr<MemoryPool> pool_;
-    AllocationMode mode_ = AllocationMode::Auto;
+    std::atomic<AllocationMode> mode_{AllocationMode::Auto}; ///< read without the lock too
     std::unique_ptr<MultiStream> multi_;              ///< async plugins
     std::unique_ptr<SchedulerMultiStream> scheduler_; ///< plugins without async streams
     std::vector<uint64_t> schedulerCursors_;         ///< per slot, scheduler mode
@@ -234,6 +290,13 @@ private:
     std::atomic<uint64_t> stagedCopies_{0}; ///< cross-device copies through host memory
 
     std::unique_ptr<StagingPool> staging_;
+
+    std::mutex recordingMutex_; ///< guards recordingStreams_
+    /// Open recordings by (thread, stream): a recording takes the calls of the thread that began
+    /// it on that stream; other threads using the same stream id are not recorded.
+    std::map<std::pair<std::thread::id, StreamId>, std::shared_ptr<RecordingBuilder>>
+        recordingStreams_;
+    std::atomic<uint32_t> recordings_{0}; ///< recordingStreams_.size(), read without the lock
 };
 
 } // namespace backplane::detail

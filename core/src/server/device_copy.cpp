@@ -18,6 +18,8 @@ void ComputeServer::copyToDevice(StreamId stream, const Buffer &src, uint64_t sr
         copy(stream, src, srcOffset, dstBuffer, dstOffset, size);
         return;
     }
+    refuseWhileRecording(stream, "a copy to another device");
+    dst.refuseWhileRecording(dstStream, "a copy from another device");
     checkAlive();
     dst.checkAlive();
     const auto &a = sliceOf(src, "copy to another device (source)");
@@ -160,6 +162,7 @@ void ComputeServer::checkCollective(const Buffer *send, uint64_t sendBytes, cons
 void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_args args,
                                const Buffer *send, uint64_t sendBytes, const Buffer *recv,
                                uint64_t recvBytes, const std::string &what) {
+    refuseWhileRecording(stream, "a collective");
     checkCollective(send, sendBytes, recv, recvBytes, what);
     boost::container::small_vector<SlicePtr, 2> slices;
     if (send != nullptr) {

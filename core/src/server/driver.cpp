@@ -5,6 +5,22 @@
 
 namespace backplane::detail {
 
+namespace {
+
+/// The bp_error of the calls made for every operation (launch, stream flush, stream wait): the
+/// header and an empty message, not the whole 1 KiB that makeError() zeroes. A plugin writes its
+/// message NUL-terminated (plugin.h), and errorText() stops at the capacity when one does not.
+bp_error operationError() {
+    bp_error error; // NOLINT(cppcoreguidelines-pro-type-member-init): see above
+    error.struct_size = sizeof(error);
+    error.code = BP_SUCCESS;
+    error.vendor_code = 0;
+    error.message[0] = '\0';
+    return error;
+}
+
+} // namespace
+
 void releaseMemory(Driver &driver, bp_memory *memory) {
     releaseContained(driver.plugin().name(), "memory_free",
                      [&] { driver.api().memory_free(driver.device(), memory); });
@@ -25,6 +41,12 @@ void releaseComm(Driver &driver, bp_comm *comm) {
     if (!driver.plugin().has(&bp_plugin_api::comm_destroy)) return;
     releaseContained(driver.plugin().name(), "comm_destroy",
                      [&] { driver.api().comm_destroy(driver.device(), comm); });
+}
+
+void releaseGraph(Driver &driver, bp_graph *graph) {
+    if (!driver.plugin().has(&bp_plugin_api::graph_release)) return;
+    releaseContained(driver.plugin().name(), "graph_release",
+                     [&] { driver.api().graph_release(driver.device(), graph); });
 }
 
 namespace {
@@ -112,7 +134,7 @@ EventOwner Driver::flush(bp_stream *stream, bool wantEvent, bool timing) {
     args.struct_size = sizeof(args);
     args.flags = timing ? static_cast<uint32_t>(BP_FLUSH_TIMING_EVENT) : 0u;
     bp_event *event = nullptr;
-    bp_error error = makeError();
+    bp_error error = operationError();
     const bp_status status = callContained("stream_flush", error, [&] {
         return api().stream_flush(device_, stream, &args, wantEvent ? &event : nullptr, &error);
     });
@@ -122,7 +144,7 @@ EventOwner Driver::flush(bp_stream *stream, bool wantEvent, bool timing) {
 }
 
 void Driver::waitEvent(bp_stream *stream, bp_event *event) {
-    bp_error error = makeError();
+    bp_error error = operationError();
     const bp_status status = callContained("stream_wait_event", error, [&] {
         return api().stream_wait_event(device_, stream, event, &error);
     });
@@ -264,7 +286,7 @@ KernelOwner Driver::load(const std::string &kernelName, bp_dialect dialect,
 }
 
 void Driver::launch(bp_stream *stream, const bp_launch_args &args, const std::string &kernelName) {
-    bp_error error = makeError();
+    bp_error error = operationError();
     const bp_status status = callContained("kernel_launch", error, [&] {
         return api().kernel_launch(device_, stream, &args, &error);
     });
@@ -381,6 +403,87 @@ void Driver::collective(bp_stream *stream, bp_comm *comm, const bp_collective_ar
         return api().collective(device_, stream, comm, &args, &error);
     });
     if (status != BP_SUCCESS) fail(status, error, "collective on " + info_.id());
+}
+
+// ----- recorded sequences (ABI 1.3) -------------------------------------------------------------
+
+GraphOwner Driver::graphCreate(std::span<const bp_graph_op> ops, std::string &why) {
+    if (!plugin_->has(&bp_plugin_api::graph_create) || !plugin_->has(&bp_plugin_api::graph_launch) ||
+        !plugin_->has(&bp_plugin_api::graph_release)) {
+        why = plugin_->name() + " has no graphs (ABI " + std::to_string(api().abi_major) + "." +
+              std::to_string(api().abi_minor) + ")";
+        return {};
+    }
+    bp_graph_create_args args{};
+    args.struct_size = sizeof(args);
+    args.ops = ops.data();
+    args.op_count = static_cast<uint32_t>(ops.size());
+    bp_graph *graph = nullptr;
+    bp_error error = makeError();
+    const bp_status status = callContained("graph_create", error, [&] {
+        return api().graph_create(device_, &args, &graph, &error);
+    });
+    if (status == BP_ERROR_UNSUPPORTED) {
+        why = error.message;
+        return {};
+    }
+    if (status != BP_SUCCESS) fail(status, error, "graph_create on " + info_.id());
+    if (graph == nullptr)
+        throw Error(ErrorCode::Internal,
+                    plugin_->name() + ": graph_create succeeded without returning a graph",
+                    plugin_->name());
+    return GraphOwner(shared_from_this(), graph);
+}
+
+void Driver::graphLaunch(bp_stream *stream, bp_graph *graph) {
+    bp_error error = makeError();
+    const bp_status status = callContained("graph_launch", error, [&] {
+        return api().graph_launch(device_, stream, graph, &error);
+    });
+    if (status != BP_SUCCESS) fail(status, error, "graph_launch on " + info_.id());
+}
+
+bool Driver::graphUpdate(bp_graph *graph, uint32_t index, const bp_graph_op &op) {
+    if (!plugin_->has(&bp_plugin_api::graph_update)) return false;
+    bp_error error = makeError();
+    const bp_status status = callContained("graph_update", error, [&] {
+        return api().graph_update(device_, graph, index, &op, &error);
+    });
+    if (status == BP_ERROR_UNSUPPORTED) return false;
+    if (status != BP_SUCCESS) fail(status, error, "graph_update on " + info_.id());
+    return true;
+}
+
+MemoryPage Driver::registerHost(void *host, uint64_t size) {
+    if (!plugin_->has(&bp_plugin_api::memory_register))
+        throw Error(ErrorCode::Unsupported,
+                    "registerHost: the " + plugin_->name() + " plugin cannot register host memory "
+                        "(it has no memory_register; ABI " + std::to_string(api().abi_major) +
+                        "." + std::to_string(api().abi_minor) + "): transfer from pageable "
+                        "memory (staged) or from allocatePinned() memory instead",
+                    plugin_->name());
+    bp_memory_register_args args{};
+    args.struct_size = sizeof(args);
+    args.host = host;
+    args.size = size;
+    bp_memory *memory = nullptr;
+    bp_error error = makeError();
+    const bp_status status = callContained("memory_register", error, [&] {
+        return api().memory_register(device_, &args, &memory, &error);
+    });
+    if (status != BP_SUCCESS)
+        fail(status, error,
+             "memory_register(" + std::to_string(size) + " bytes) on " + info_.id() +
+                 (status == BP_ERROR_UNSUPPORTED
+                      ? ": this device cannot register host memory; transfer from pageable memory "
+                        "(staged) or from allocatePinned() memory instead"
+                      : ""));
+    MemoryPage page;
+    page.memory = {shared_from_this(), memory};
+    page.mapped = host;
+    page.size = size;
+    page.kind = BP_MEMORY_PINNED_HOST;
+    return page;
 }
 
 } // namespace backplane::detail

@@ -60,11 +60,13 @@ void releaseStream(Driver &driver, bp_stream *stream);
 void releaseEvent(Driver &driver, bp_event *event);
 void releaseKernel(Driver &driver, bp_kernel *kernel);
 void releaseComm(Driver &driver, bp_comm *comm);
+void releaseGraph(Driver &driver, bp_graph *graph);
 
 using StreamOwner = DriverHandle<bp_stream, &releaseStream>;
 using EventOwner = DriverHandle<bp_event, &releaseEvent>;
 using KernelOwner = DriverHandle<bp_kernel, &releaseKernel>;
 using CommOwner = DriverHandle<bp_comm, &releaseComm>;
+using GraphOwner = DriverHandle<bp_graph, &releaseGraph>;
 
 /// One page of plugin memory and its host address (pinned / host-visible pages).
 struct MemoryPage {
@@ -143,6 +145,20 @@ public:
     void launch(bp_stream *stream, const bp_launch_args &args, const std::string &kernelName);
 
     uint64_t nativeHandle(bp_native_kind kind, const void *object);
+
+    // recorded sequences (ABI 1.3)
+    /// The plugin's graph of `ops`, or an empty owner when the plugin has none for them
+    /// (no graph_create, or BP_ERROR_UNSUPPORTED: `why` then says which). Other failures throw.
+    GraphOwner graphCreate(std::span<const bp_graph_op> ops, std::string &why);
+    void graphLaunch(bp_stream *stream, bp_graph *graph);
+    /// Replaces op `index`; false when the plugin cannot change the graph in place.
+    bool graphUpdate(bp_graph *graph, uint32_t index, const bp_graph_op &op);
+
+    // host registration (ABI 1.3)
+    /// Registers the application's [host, host + size) as a pinned page mapped at `host`; freeing
+    /// the page unregisters it. Error(Unsupported) naming the plugin when it has no
+    /// memory_register or cannot register; the plugin's other errors as usual.
+    MemoryPage registerHost(void *host, uint64_t size);
 
 private:
     Driver() = default;

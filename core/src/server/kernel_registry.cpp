@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <optional>
 
 namespace backplane::detail {
 namespace {
@@ -35,6 +36,30 @@ uint64_t fastKey(const std::string &name, const KernelVariant &variant) {
     return fnv1a(tail, sizeof(tail), key);
 }
 
+std::atomic<uint64_t> nextRegistryId{1};
+
+/// A hit the calling thread remembers: `entry` of registry `registry` was found for the
+/// KernelSource at `source` while that registry's epoch was `epoch`, and its kernel was `kernel`.
+/// Plain data: nothing is owned, and nothing is read through `entry` unless registry and epoch
+/// still match (the registry then keeps the entry alive).
+struct RememberedHit {
+    uint64_t registry = 0; ///< 0: empty (registry ids start at 1)
+    uint64_t epoch = 0;
+    const KernelSource *source = nullptr;
+    const void *entry = nullptr;
+    bp_kernel *kernel = nullptr;
+};
+
+// Direct-mapped by the KernelSource's address and the registry: a launch loop over a few kernels
+// on a few devices hits; a collision only costs the table lookup.
+constexpr size_t kRememberedHits = 16;
+thread_local RememberedHit tRemembered[kRememberedHits];
+
+RememberedHit &rememberedFor(uint64_t registry, const KernelSource &kernel) {
+    const auto address = reinterpret_cast<uintptr_t>(&kernel);
+    return tRemembered[((address >> 4) ^ (registry * 7)) % kRememberedHits];
+}
+
 } // namespace
 
 Error afterDiscardedBinary(const Error &error, const std::string &file,
@@ -46,7 +71,8 @@ Error afterDiscardedBinary(const Error &error, const std::string &file,
 }
 
 KernelRegistry::KernelRegistry(std::shared_ptr<Driver> driver, const Config &config)
-    : driver_(std::move(driver)), config_(config) {}
+    : driver_(std::move(driver)), config_(config),
+      id_(nextRegistryId.fetch_add(1, std::memory_order_relaxed)) {}
 
 const KernelVariant &KernelRegistry::variantFor(const KernelSource &kernel) const {
     const DeviceInfo &d = driver_->info();
@@ -92,8 +118,24 @@ KernelRegistry::Entry *KernelRegistry::findEntryLocked(uint64_t key, const Kerne
 
 bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
     const KernelVariant &variant = variantFor(kernel);
+    // The launch path: this thread's remembered hit, checked against the full variant (the
+    // caller may have changed its KernelSource in place since).
+    const RememberedHit &hit = rememberedFor(id_, kernel);
+    if (hit.registry == id_ && hit.source == &kernel &&
+        hit.epoch == epoch_.load(std::memory_order_acquire)) {
+        const auto *entry = static_cast<const Entry *>(hit.entry);
+        if (entry->name == kernel.name && sameVariant(entry->variant, variant)) {
+            memoryHits_.fetch_add(1, std::memory_order_relaxed);
+            return hit.kernel;
+        }
+    }
+    return findInTable(kernel, variant);
+}
+
+bp_kernel *KernelRegistry::findInTable(const KernelSource &kernel, const KernelVariant &variant) {
     const uint64_t key = fastKey(kernel.name, variant);
-    std::promise<bp_kernel *> promise;
+    RememberedHit &hit = rememberedFor(id_, kernel);
+    std::optional<std::promise<bp_kernel *>> promise; // made only by the caller that compiles
     Entry *mine = nullptr;
     std::shared_future<bp_kernel *> pending;
     {
@@ -101,14 +143,16 @@ bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
         if (Entry *entry = findEntryLocked(key, kernel, variant)) {
             if (entry->ready != nullptr) {
                 memoryHits_.fetch_add(1, std::memory_order_relaxed);
+                hit = {id_, epoch_.load(std::memory_order_relaxed), &kernel, entry, entry->ready};
                 return entry->ready;
             }
             pending = entry->loaded;
         } else {
+            promise.emplace();
             auto created = std::make_unique<Entry>();
             created->variant = variant;
             created->name = kernel.name;
-            created->loaded = promise.get_future().share();
+            created->loaded = promise->get_future().share();
             mine = created.get();
             entries_[key].push_back(std::move(created));
         }
@@ -127,11 +171,12 @@ bp_kernel *KernelRegistry::find(const KernelSource &kernel) {
             mine->kernel = std::move(built.kernel);
             mine->ready = handle;
             mine->fromDisk = built.fromDisk;
+            hit = {id_, epoch_.load(std::memory_order_relaxed), &kernel, mine, handle};
         }
-        promise.set_value(handle);
+        promise->set_value(handle);
         return handle;
     } catch (...) {
-        promise.set_exception(std::current_exception());
+        promise->set_exception(std::current_exception());
         std::lock_guard lock(mutex_);
         auto &bucket = entries_[key];
         std::erase_if(bucket, [&](const auto &entry) { return entry.get() == mine; });
@@ -166,6 +211,7 @@ KernelRegistry::Recompiled KernelRegistry::recompileAfterLaunchFailure(const Ker
             entry->fromDisk = false;
             entry->discarded = failed;
             entry->ready = nullptr; // callers of find() now wait for the recompile
+            epoch_.fetch_add(1, std::memory_order_release); // and remembered hits are void
             entry->loaded = promise.get_future().share();
         } else {
             return {};
@@ -205,11 +251,16 @@ KernelRegistry::Recompiled KernelRegistry::recompileAfterLaunchFailure(const Ker
         } catch (...) {
         }
         promise.set_exception(reported);
-        // Like a failed first compile: forget the entry, the next call starts over.
+        // Like a failed first compile: forget the entry, the next call starts over. The entry
+        // itself is kept: a remembered hit of another thread may still point at it.
         {
             std::lock_guard lock(mutex_);
             retired_.push_back({variant.hostData, std::move(entry->kernel)});
-            std::erase_if(entries_[key], [&](const auto &item) { return item.get() == entry; });
+            auto &bucket = entries_[key];
+            for (auto &item : bucket)
+                if (item.get() == entry) formerEntries_.push_back(std::move(item));
+            std::erase_if(bucket, [](const auto &item) { return item == nullptr; });
+            epoch_.fetch_add(1, std::memory_order_release);
         }
         std::rethrow_exception(reported);
     }

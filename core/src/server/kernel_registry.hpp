@@ -33,6 +33,13 @@ Error afterDiscardedBinary(const Error &error, const std::string &file,
 /// refuses (at kernel_load, or at a launch: Vulkan builds its pipeline there) is evicted, logged
 /// with its file name, recompiled from source once and stored again, instead of failing every
 /// run until `backplane cache clear`.
+///
+/// Launch path: each thread remembers its last hits (a few per thread, by the KernelSource's
+/// address). A remembered hit is used only when the chosen variant still equals the entry's copy
+/// in full (name, dialect, entry point, source, options, host function), so a KernelSource changed
+/// in place finds its new kernel; it takes no lock and allocates nothing. Entries that were ever
+/// ready live as long as the registry, and `epoch_` changes whenever a handle find() returned
+/// stops being its entry's current one, which voids every remembered hit.
 class KernelRegistry {
 public:
     KernelRegistry(std::shared_ptr<Driver> driver, const Config &config);
@@ -89,6 +96,8 @@ private:
     };
 
     Entry *findEntryLocked(uint64_t key, const KernelSource &kernel, const KernelVariant &variant);
+    /// The slow path of find(): the table under its lock, compiling on a miss.
+    bp_kernel *findInTable(const KernelSource &kernel, const KernelVariant &variant);
     const KernelVariant &variantFor(const KernelSource &kernel) const;
     Built build(const KernelSource &kernel, const KernelVariant &variant);
     /// Compiles from source and loads; stores the blob under `diskKey` unless it is empty.
@@ -98,11 +107,19 @@ private:
 
     std::shared_ptr<Driver> driver_;
     Config config_;
+    /// Names this registry in the threads' remembered hits; unique in the process, never reused.
+    const uint64_t id_;
+    /// Changes (under mutex_) whenever an entry's ready kernel is replaced or an entry that was
+    /// ready leaves the table: remembered hits of an older epoch are not used.
+    std::atomic<uint64_t> epoch_{0};
     std::mutex mutex_;
     std::unordered_map<uint64_t, std::vector<std::unique_ptr<Entry>>> entries_;
     /// Kernels replaced after their cached binary failed (guarded by mutex_): launches recorded
     /// with them may still be pending, so they are released with the registry.
     std::vector<Retired> retired_;
+    /// Entries that were ready once and left the table (guarded by mutex_): a thread's remembered
+    /// hit may still point at one (and then finds the epoch changed), so they are kept.
+    std::vector<std::unique_ptr<Entry>> formerEntries_;
     std::atomic<uint64_t> compiled_{0};
     std::atomic<uint64_t> memoryHits_{0};
     std::atomic<uint64_t> diskHits_{0};

@@ -156,6 +156,7 @@ void gather(const Tensor &t, const std::byte *span, std::byte *out) {
 } // namespace
 
 ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
+    refuseWhileRecording(stream, "readTensor()");
     const uint64_t packed = checkTensor(tensor, "readTensor", false);
     if (packed == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
     if (isPacked(tensor)) return read(stream, tensor.buffer, 0, packed);
@@ -177,6 +178,7 @@ ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
 
 void ComputeServer::writeTensor(StreamId stream, const Tensor &tensor, const void *data,
                                 uint64_t size) {
+    refuseWhileRecording(stream, "writeTensor()");
     const uint64_t packed = checkTensor(tensor, "writeTensor", true);
     if (size != packed)
         invalid("writeTensor", "the host data has " + std::to_string(size) +

@@ -3,6 +3,7 @@
 #include "server/compute_server.hpp"
 
 #include "memory/parallel_copy.hpp"
+#include "server/recording.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -27,6 +28,55 @@ void checkHostPointer(const void *host, const char *what) {
         throw Error(ErrorCode::InvalidArgument,
                     std::string(what) + ": the host pointer is null (only a transfer of 0 bytes "
                                         "may pass one)");
+}
+
+/// The chunks of one staged transfer of `size` bytes through blocks of `block` bytes, so that
+/// the host's copies overlap the device's:
+/// - from four blocks on, the transfer ramps: its first three chunks are 1/8, 1/4 and 1/2 of a
+///   block, and so are its last three in reverse order. The device then starts copying (a write)
+///   or the host starts emptying blocks (a read) after an eighth of a block instead of a whole
+///   one, and the step at the end that nothing overlaps is short too;
+/// - from 1 MiB up to four blocks, four equal chunks (multiples of 4 KiB);
+/// - below 1 MiB, one chunk per block (one chunk: the per-chunk costs would outweigh the overlap).
+class ChunkPlan {
+public:
+    ChunkPlan(uint64_t size, uint64_t block) : size_(size), step_(block) {
+        constexpr uint64_t kSplitFrom = 1u << 20;
+        if (size >= 4 * block && block >= (512u << 10)) {
+            ramp_ = 3;
+            eighth_ = block / 8;
+        } else if (size >= kSplitFrom) {
+            step_ = std::min(block, ((size + 3) / 4 + 4095) / 4096 * 4096);
+        }
+        const uint64_t edge = 7 * eighth_; // 1/8 + 1/4 + 1/2 of a block
+        middle_ = (size - 2 * edge + step_ - 1) / step_;
+    }
+    uint64_t count() const noexcept { return middle_ + 2 * ramp_; }
+    /// Where chunk `i` starts in the transfer.
+    uint64_t offset(uint64_t i) const noexcept {
+        if (i < ramp_) return eighth_ * ((uint64_t{1} << i) - 1); // 0, 1/8, 3/8
+        if (i < ramp_ + middle_) return 7 * eighth_ + (i - ramp_) * step_;
+        const uint64_t fromEnd = count() - i; // 3, 2, 1: the last chunk is 1/8 of a block
+        return size_ - eighth_ * ((uint64_t{1} << fromEnd) - 1);
+    }
+    uint64_t bytes(uint64_t i) const noexcept {
+        return (i + 1 < count() ? offset(i + 1) : size_) - offset(i);
+    }
+
+private:
+    uint64_t size_;
+    uint64_t step_;       ///< bytes of the chunks between the ramps (the last may be shorter)
+    uint64_t ramp_ = 0;   ///< ramp chunks at each end (0 or 3)
+    uint64_t eighth_ = 0; ///< an eighth of a block when ramping
+    uint64_t middle_ = 0; ///< chunks between the ramps
+};
+
+uint32_t ringDepth(const Config &config) { return std::clamp(config.stagingRingDepth, 1u, 16u); }
+
+CopyPlan copyPlan(const Config &config) {
+    return {config.stagingCopyThreads != 0 ? config.stagingCopyThreads
+                                           : ParallelCopy::defaultThreads(),
+            config.stagingStreamingStores};
 }
 
 } // namespace
@@ -63,25 +113,28 @@ void ComputeServer::copyUnstaged(uint32_t slot, const std::shared_ptr<Slice> &sl
 
 void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &slice,
                                 uint64_t offset, const std::byte *src, uint64_t size) {
-    const uint64_t chunk = staging_->blockBytes();
-    const uint64_t count = (size + chunk - 1) / chunk;
-    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), slot, true);
+    const ChunkPlan chunks(size, staging_->blockBytes());
+    const uint64_t count = chunks.count();
+    std::vector<StagingLease> leases = stagingBlocks(
+        static_cast<size_t>(std::min<uint64_t>(ringDepth(config_), count)), slot, true);
     if (leases.empty()) {
         copyUnstaged(slot, slice, offset, size, const_cast<std::byte *>(src), true);
         return;
     }
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
-    // Double buffering: chunk i+1 is copied into one block while chunk i is in flight from the
-    // other. Each block is reused only after the fence of its previous copy.
+    const CopyPlan plan = copyPlan(config_);
+    // A ring of blocks: chunk i is copied into one while the chunks before it are in flight from
+    // the others. Each block is reused only after the fence of its previous copy. A transfer of
+    // one chunk copies on the calling thread (ParallelCopy splits only large copies).
     for (uint64_t i = 0; i < count; ++i) {
         StagingLease &lease = leases[i % leases.size()];
         Fence &ready = lease.block().ready;
-        waitFence(ready); // this transfer's copy from the same block, two chunks ago
+        waitFence(ready); // this transfer's copy from the same block, one ring ago
         ready = {};
-        const uint64_t at = i * chunk;
-        const uint64_t n = std::min(chunk, size - at);
-        ParallelCopy::shared().copy(lease.data(), src + at, n);
+        const uint64_t at = chunks.offset(i);
+        const uint64_t n = chunks.bytes(i);
+        ParallelCopy::shared().copy(lease.data(), src + at, n, plan);
         std::lock_guard lock(mutex_);
         submit(slot, slices, [&](bp_stream *s) {
             driver->copyHostToDevice(s, lease.data(), slice->memory, slice->offset + offset + at,
@@ -95,30 +148,32 @@ void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &sli
 
 void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
                                uint64_t size, std::byte *out) {
-    const uint64_t chunk = staging_->blockBytes();
-    const uint64_t count = (size + chunk - 1) / chunk;
-    std::vector<StagingLease> leases = stagingBlocks(static_cast<size_t>(std::min<uint64_t>(2, count)), slot, true);
+    const ChunkPlan chunks(size, staging_->blockBytes());
+    const uint64_t count = chunks.count();
+    std::vector<StagingLease> leases = stagingBlocks(
+        static_cast<size_t>(std::min<uint64_t>(ringDepth(config_), count)), slot, true);
     if (leases.empty()) {
         copyUnstaged(slot, slice, offset, size, out, false);
         return;
     }
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
+    const CopyPlan plan = copyPlan(config_);
     const uint64_t depth = leases.size();
     auto drain = [&](uint64_t i) {
         StagingLease &lease = leases[i % depth];
         waitFence(lease.block().ready);
         lease.block().ready = {};
-        const uint64_t at = i * chunk;
-        ParallelCopy::shared().copy(out + at, lease.data(), std::min(chunk, size - at));
+        ParallelCopy::shared().copy(out + chunks.offset(i), lease.data(), chunks.bytes(i), plan);
     };
     for (uint64_t i = 0; i < count; ++i) {
-        if (i >= depth) drain(i - depth); // chunk i-1 is in flight while chunk i-2 is copied out
+        // The chunks after i - depth are in flight while chunk i - depth is copied out.
+        if (i >= depth) drain(i - depth);
         // A block still pending from this stream's earlier work needs no host wait: the copy
         // into it is ordered after that work, and the new fence covers both.
         StagingLease &lease = leases[i % depth];
-        const uint64_t at = i * chunk;
-        const uint64_t n = std::min(chunk, size - at);
+        const uint64_t at = chunks.offset(i);
+        const uint64_t n = chunks.bytes(i);
         std::lock_guard lock(mutex_);
         submit(slot, slices, [&](bp_stream *s) {
             driver->copyDeviceToHost(s, slice->memory, slice->offset + offset + at, lease.data(),
@@ -132,6 +187,7 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
 void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset, const void *data,
                           uint64_t size) {
     checkAlive();
+    refuseWhileRecording(stream, "write() of pageable host memory (use a PinnedBuffer)");
     const auto &slice = sliceOf(buffer, "write");
     checkBufferRange(buffer, offset, size, "write");
     if (size == 0) return;
@@ -159,6 +215,7 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
 void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t offset, void *into,
                              uint64_t size) {
     checkAlive();
+    refuseWhileRecording(stream, "readInto() into pageable host memory (use a PinnedBuffer)");
     const auto &slice = sliceOf(buffer, "readInto");
     checkBufferRange(buffer, offset, size, "readInto");
     if (size == 0) return;
@@ -186,6 +243,7 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
 ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t offset,
                                uint64_t size) {
     checkAlive();
+    refuseWhileRecording(stream, "read()");
     const auto &slice = sliceOf(buffer, "read");
     if (size == UINT64_MAX) size = buffer.size() - std::min(offset, buffer.size());
     checkBufferRange(buffer, offset, size, "read");
@@ -270,6 +328,18 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
 
 // ----- pinned memory ----------------------------------------------------------------------------
 
+PinnedBuffer ComputeServer::registerHost(void *data, size_t size) {
+    checkAlive();
+    if (data == nullptr || size == 0)
+        throw Error(ErrorCode::InvalidArgument,
+                    "registerHost: needs host memory and a size > 0 (data " +
+                        std::string(data ? "set" : "null") + ", size " + std::to_string(size) +
+                        ")");
+    // The page's owner unregisters the range when the last PinnedBuffer copy, recording or
+    // pending transfer holding the block lets it go.
+    return PinnedBuffer(std::make_shared<PinnedBlock>(driver_->registerHost(data, size)));
+}
+
 void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset,
                           const PinnedBuffer &data, uint64_t size) {
     checkAlive();
@@ -283,6 +353,15 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
     void *src = data.block_->data();
+    if (auto builder = recordingOf(stream)) {
+        RecordedOp op;
+        op.kind = BP_GRAPH_OP_COPY_HOST_TO_DEVICE;
+        op.slices = {slice};
+        op.pinned = data.block_;
+        op.toDevice = {sizeof(op.toDevice), src, memory, base, size};
+        recordOp(*builder, std::move(op));
+        return;
+    }
     const uint32_t slot = slotOf(stream);
     {
         std::lock_guard lock(mutex_);
@@ -309,6 +388,15 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
     void *dst = into.block_->data();
+    if (auto builder = recordingOf(stream)) {
+        RecordedOp op;
+        op.kind = BP_GRAPH_OP_COPY_DEVICE_TO_HOST;
+        op.slices = {slice};
+        op.pinned = into.block_;
+        op.toHost = {sizeof(op.toHost), memory, base, dst, size};
+        recordOp(*builder, std::move(op));
+        return;
+    }
     Fence fence;
     {
         std::lock_guard lock(mutex_);
@@ -350,6 +438,14 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
     bp_memory *to = b->memory;
     const uint64_t fromOffset = a->offset + srcOffset;
     const uint64_t toOffset = b->offset + dstOffset;
+    if (auto builder = recordingOf(stream)) {
+        RecordedOp op;
+        op.kind = BP_GRAPH_OP_COPY_DEVICE_TO_DEVICE;
+        op.slices = {a, b};
+        op.copy = {sizeof(op.copy), from, fromOffset, to, toOffset, size};
+        recordOp(*builder, std::move(op));
+        return;
+    }
     const uint32_t slot = slotOf(stream);
     {
         std::lock_guard lock(mutex_);
@@ -380,6 +476,14 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
+    if (auto builder = recordingOf(stream)) {
+        RecordedOp op;
+        op.kind = BP_GRAPH_OP_FILL;
+        op.slices = {slice};
+        op.fill = {sizeof(op.fill), memory, base, size, pattern};
+        recordOp(*builder, std::move(op));
+        return;
+    }
     const uint32_t slot = slotOf(stream);
     {
         std::lock_guard lock(mutex_);

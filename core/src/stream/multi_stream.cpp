@@ -3,12 +3,21 @@
 
 #include <backplane/log.hpp>
 
+#include <algorithm>
+
 namespace backplane::detail {
 
 namespace {
 // While some fence is pending, the GC waits on the oldest for at most this long, then checks
 // the others by query, so a slow stream does not hold back releases of the others.
 constexpr uint64_t kGcSliceNs = 1'000'000;
+// Fibonacci hashing of an address into a table of 2^bits slots: the product's high bits, which
+// depend on all of the address (objects of one size lie at a fixed stride).
+size_t addressHash(const void *object, unsigned bits) {
+    return static_cast<size_t>((reinterpret_cast<uintptr_t>(object) * 0x9E3779B97F4A7C15ull) >>
+                               (64 - bits));
+}
+
 } // namespace
 
 GcThread::GcThread(uint32_t slots, CompletionTracker &tracker,
@@ -136,6 +145,40 @@ void GcThread::run() {
     progress_.notify_all();
 }
 
+bool HeldSet::insert(const void *object) {
+    if (object == nullptr) return false;
+    if ((size_ + 1) * 2 > capacity_) grow();
+    for (size_t i = addressHash(object, bits_);; i = (i + 1) & (capacity_ - 1)) {
+        if (table_[i] == object) return false;
+        if (table_[i] == nullptr) {
+            table_[i] = object;
+            ++size_;
+            return true;
+        }
+    }
+}
+
+void HeldSet::grow() {
+    const unsigned bits = capacity_ == 0 ? 6 : bits_ + 1;
+    const size_t capacity = size_t{1} << bits;
+    auto table = std::make_unique<const void *[]>(capacity); // zeroed: all free
+    for (size_t j = 0; j < capacity_; ++j) {
+        if (table_[j] == nullptr) continue;
+        size_t i = addressHash(table_[j], bits);
+        while (table[i] != nullptr) i = (i + 1) & (capacity - 1);
+        table[i] = table_[j];
+    }
+    table_ = std::move(table);
+    capacity_ = capacity;
+    bits_ = bits;
+}
+
+void HeldSet::clear() {
+    if (size_ == 0) return;
+    std::fill_n(table_.get(), capacity_, nullptr);
+    size_ = 0;
+}
+
 MultiStream::MultiStream(std::shared_ptr<EventBackend> backend, uint32_t maxStreams,
                          CompletionTracker &tracker,
                          std::function<void(const std::string &)> onFailure)
@@ -146,8 +189,9 @@ MultiStream::~MultiStream() {
     // Holds go to the GC with one last fence per slot; what a failed device keeps is dropped
     // only after the streams are destroyed (destroying a stream waits for its work).
     std::vector<Hold> late;
-    for (auto &[index, s] : slots_) {
-        if (s.pendingHolds.empty()) continue;
+    for (uint32_t index = 0; index < slots_.size(); ++index) {
+        if (!slots_[index] || slots_[index]->pendingHolds.empty()) continue;
+        StreamSlot &s = *slots_[index];
         try {
             flush(index);
         } catch (const std::exception &) {
@@ -156,23 +200,25 @@ MultiStream::~MultiStream() {
         }
     }
     gc_.drain();
-    for (auto &[index, s] : slots_) {
-        s.lastFence = {};
-        backend_->destroyStream(s.stream);
+    for (auto &s : slots_) {
+        if (!s) continue;
+        s->lastFence = {};
+        backend_->destroyStream(s->stream);
     }
 }
 
-StreamSlot &MultiStream::slot(uint32_t index) {
-    auto it = slots_.find(index);
-    if (it != slots_.end()) return it->second;
-    StreamSlot s;
-    s.stream = backend_->createStream();
-    return slots_.emplace(index, std::move(s)).first->second;
+StreamSlot &MultiStream::createSlot(uint32_t index) {
+    auto created = std::make_unique<StreamSlot>();
+    created->stream = backend_->createStream();
+    if (index >= slots_.size()) slots_.resize(index + 1);
+    slots_[index] = std::move(created);
+    return *slots_[index];
 }
 
 std::vector<uint32_t> MultiStream::activeSlots() const {
     std::vector<uint32_t> out;
-    for (const auto &[index, s] : slots_) out.push_back(index);
+    for (uint32_t index = 0; index < slots_.size(); ++index)
+        if (slots_[index]) out.push_back(index);
     return out;
 }
 
@@ -181,9 +227,7 @@ SharedBindingAnalysis MultiStream::updateSharedBindings(uint32_t slotIndex,
     SharedBindingAnalysis analysis;
     StreamSlot &current = slot(slotIndex);
     for (const StreamUse &u : uses) {
-        if (u.slot == slotIndex || tracker_.isComplete(u)) continue;
-        auto it = current.lastSynced.find(u.slot);
-        if (it != current.lastSynced.end() && it->second >= u.cursor) continue;
+        if (!mustWait(current, slotIndex, u)) continue;
         if (log::enabled(log::Subsystem::Streams, log::Level::Trace))
             log::write(log::Subsystem::Streams, log::Level::Trace,
                        "a use on slot " + std::to_string(u.slot) + " (cursor " +
@@ -206,13 +250,14 @@ Fence MultiStream::makeFence(uint32_t slotIndex) {
 
 void MultiStream::applyAnalysis(uint32_t slotIndex, const SharedBindingAnalysis &analysis) {
     if (analysis.empty()) return;
-    std::vector<Fence> fences;
+    boost::container::small_vector<Fence, 4> fences;
     for (const auto &[origin, cursor] : analysis.origins) {
         ++alignmentEvents_;
         fences.push_back(flush(origin));
     }
     StreamSlot &current = slot(slotIndex);
     for (const Fence &fence : fences) {
+        if (fence.slot >= current.lastSynced.size()) current.lastSynced.resize(fence.slot + 1, 0);
         current.lastSynced[fence.slot] = fence.cursor;
         if (log::enabled(log::Subsystem::Streams, log::Level::Debug))
             log::write(log::Subsystem::Streams, log::Level::Debug,
@@ -224,15 +269,20 @@ void MultiStream::applyAnalysis(uint32_t slotIndex, const SharedBindingAnalysis 
 }
 
 MultiStream::Resolved MultiStream::resolve(uint32_t slotIndex, std::span<const StreamUse> uses) {
-    applyAnalysis(slotIndex, updateSharedBindings(slotIndex, uses));
     StreamSlot &s = slot(slotIndex);
+    // Most operations need no wait: the analysis (and its map) only when one does.
+    for (const StreamUse &u : uses)
+        if (mustWait(s, slotIndex, u)) {
+            applyAnalysis(slotIndex, updateSharedBindings(slotIndex, uses));
+            break;
+        }
     ++s.cursor;
     return {slotIndex, s.stream, s.cursor};
 }
 
-void MultiStream::hold(uint32_t slotIndex, Hold hold) {
-    StreamSlot &s = slot(slotIndex);
-    if (!s.pendingSet.insert(hold.get()).second) return;
+void MultiStream::keep(uint32_t slotIndex, StreamSlot &s, Hold hold) {
+    // One allocation per fence's worth of holds (the vector goes to the GC with the fence).
+    if (s.pendingHolds.capacity() == 0) s.pendingHolds.reserve(kMaxPendingHolds + 1);
     s.pendingHolds.push_back(std::move(hold));
     if (s.pendingHolds.size() > kMaxPendingHolds) {
         ++alignmentEvents_;
@@ -268,8 +318,8 @@ Fence MultiStream::fenceCovering(uint32_t slotIndex, uint64_t cursor) {
 
 size_t MultiStream::flushHolds() {
     size_t flushed = 0;
-    for (auto &[index, s] : slots_) {
-        if (s.pendingHolds.empty()) continue;
+    for (uint32_t index = 0; index < slots_.size(); ++index) {
+        if (!slots_[index] || slots_[index]->pendingHolds.empty()) continue;
         flush(index);
         ++flushed;
     }
@@ -277,7 +327,9 @@ size_t MultiStream::flushHolds() {
 }
 
 void MultiStream::pollCompletion() {
-    for (auto &[index, s] : slots_) {
+    for (uint32_t index = 0; index < slots_.size(); ++index) {
+        if (!slots_[index]) continue;
+        StreamSlot &s = *slots_[index];
         if (!s.lastFence || tracker_.completed(index) >= s.lastFence.cursor) continue;
         try {
             if (s.lastFence.event->query()) tracker_.complete(index, s.lastFence.cursor);

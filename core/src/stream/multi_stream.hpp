@@ -3,19 +3,18 @@
 
 #include "stream/hazards.hpp"
 
+#include <boost/container/flat_map.hpp>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace backplane::detail {
@@ -75,7 +74,8 @@ using Hold = std::shared_ptr<void>;
 
 /// Which origin slots an operation must wait for, with the newest cursor needed from each.
 struct SharedBindingAnalysis {
-    std::map<uint32_t, uint64_t> origins;
+    /// Ordered by slot; a few inline (an operation rarely waits for more than a few streams).
+    boost::container::small_flat_map<uint32_t, uint64_t, 4> origins;
     bool empty() const { return origins.empty(); }
     bool operator==(const SharedBindingAnalysis &other) const = default;
 };
@@ -136,14 +136,37 @@ private:
     std::thread thread_;
 };
 
+/// A set of object addresses: open addressing at most half full, so that inserting allocates
+/// only while the set grows past its largest size so far (clear() keeps the table). Not
+/// thread-safe.
+class HeldSet {
+public:
+    /// False when `object` is in the set already (or null: nothing to hold).
+    bool insert(const void *object);
+    void clear();
+
+private:
+    void grow();
+
+    std::unique_ptr<const void *[]> table_; ///< capacity_ = 2^bits_ entries, null = free
+    size_t capacity_ = 0;
+    unsigned bits_ = 0;
+    size_t size_ = 0;
+};
+
 /// The state of one backend stream slot.
 struct StreamSlot {
     void *stream = nullptr;
     uint64_t cursor = 0;
-    std::unordered_map<uint32_t, uint64_t> lastSynced; ///< origin slot -> its cursor at the wait
+    /// Origin slot -> its cursor at this slot's newest wait on it; 0 (or past the end): never.
+    std::vector<uint64_t> lastSynced;
     std::vector<Hold> pendingHolds; ///< held until this slot's next fence completed
-    std::unordered_set<const void *> pendingSet; ///< the same, to hold each object once
+    HeldSet pendingSet;             ///< the same objects, to hold each once
     Fence lastFence;                ///< newest fence flushed on this slot
+
+    uint64_t syncedWith(uint32_t origin) const noexcept {
+        return origin < lastSynced.size() ? lastSynced[origin] : 0;
+    }
 };
 
 /// Streams of one device with the alignment of seed 002. Not thread-safe: the server calls it
@@ -163,7 +186,11 @@ public:
     MultiStream &operator=(const MultiStream &) = delete;
 
     uint32_t maxStreams() const noexcept { return maxStreams_; }
-    StreamSlot &slot(uint32_t index);
+    /// The slot `index`, its backend stream created on first use.
+    StreamSlot &slot(uint32_t index) {
+        if (index < slots_.size() && slots_[index]) return *slots_[index];
+        return createSlot(index);
+    }
     std::vector<uint32_t> activeSlots() const;
 
     /// The origins the uses need on `slot` that it is not yet ordered after (no side effects):
@@ -182,8 +209,20 @@ public:
     /// Aligns `slot` after `uses` and advances its cursor; enqueue the operation on `stream` next.
     Resolved resolve(uint32_t slot, std::span<const StreamUse> uses);
 
-    /// Keeps `hold` alive until a fence of `slot` flushed later completed (each object once).
-    void hold(uint32_t slot, Hold hold);
+    /// Keeps `object` alive until a fence of `slot` flushed later completed (each object once:
+    /// an object already held there is not copied again).
+    template <class T> void hold(uint32_t slotIndex, const std::shared_ptr<T> &object) {
+        StreamSlot &s = slot(slotIndex);
+        if (s.pendingSet.insert(object.get())) keep(slotIndex, s, object);
+    }
+    /// The same, taking the caller's reference (dropped at once when already held).
+    template <class T> void hold(uint32_t slotIndex, std::shared_ptr<T> &&object) {
+        StreamSlot &s = slot(slotIndex);
+        if (s.pendingSet.insert(object.get()))
+            keep(slotIndex, s, std::move(object));
+        else
+            object.reset();
+    }
     /// Flushes `slot` with a fence; its pending holds go to the GC with it.
     Fence flush(uint32_t slot);
     /// Flushes `slot` with a fence and moves its pending holds to `holds` (the caller drops them
@@ -205,12 +244,21 @@ public:
 
 private:
     Fence makeFence(uint32_t slot);
+    StreamSlot &createSlot(uint32_t index);
+    /// Whether an operation on `current` (slot `index`) must wait for `use` on the device.
+    bool mustWait(const StreamSlot &current, uint32_t index, const StreamUse &use) const {
+        return use.slot != index && !tracker_.isComplete(use) &&
+               current.syncedWith(use.slot) < use.cursor;
+    }
+    /// hold()'s second half: `hold` is new on `s`.
+    void keep(uint32_t slotIndex, StreamSlot &s, Hold hold);
 
     std::shared_ptr<EventBackend> backend_;
     uint32_t maxStreams_;
     CompletionTracker &tracker_;
     std::function<void(const std::string &)> onFailure_;
-    std::map<uint32_t, StreamSlot> slots_;
+    /// By slot index; null until the slot is first used (its stream is created then).
+    std::vector<std::unique_ptr<StreamSlot>> slots_;
     uint64_t eventsCreated_ = 0;
     uint64_t alignmentEvents_ = 0;
     uint64_t streamWaits_ = 0;

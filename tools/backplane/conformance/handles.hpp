@@ -46,6 +46,9 @@ private:
 using Event = Owned<bp_event>;
 using Stream = Owned<bp_stream>;
 using Kernel = Owned<bp_kernel>;
+/// A graph (ABI 1.3). Release it only after every launch of it completed, and before the pages
+/// and kernels its ops name.
+using Graph = Owned<bp_graph>;
 
 /// One page with its size and host address (when mapped).
 struct Page {

@@ -1,4 +1,4 @@
-/* The backplane plugin ABI, version 1.2: the C contract between the core and a device plugin. */
+/* The backplane plugin ABI, version 1.3: the C contract between the core and a device plugin. */
 #ifndef BACKPLANE_ABI_PLUGIN_H
 #define BACKPLANE_ABI_PLUGIN_H
 
@@ -41,7 +41,7 @@ extern "C" {
 
 /* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
 #define BP_ABI_VERSION_MAJOR 1
-#define BP_ABI_VERSION_MINOR 2
+#define BP_ABI_VERSION_MINOR 3
 
 /* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
@@ -237,6 +237,16 @@ typedef struct bp_memory_allocate_args {
     bp_memory_kind kind;
     uint64_t size; ///< bytes, > 0
 } bp_memory_allocate_args;
+
+/// memory_register (ABI 1.3): a range of host memory that the application allocated, to be
+/// registered (page-locked) with the device so that transfers from and into it run like those
+/// of BP_MEMORY_PINNED_HOST pages.
+typedef struct bp_memory_register_args {
+    size_t struct_size;
+    void *host;     ///< start of the range, not NULL; any alignment
+    uint64_t size;  ///< bytes, > 0
+    uint32_t flags; ///< none defined: 0
+} bp_memory_register_args;
 
 /// Native objects a plugin can hand out for interop (bp_plugin_api::native_handle).
 typedef enum bp_native_kind {
@@ -478,6 +488,49 @@ typedef struct bp_collective_args {
 } bp_collective_args;
 
 /* ---------------------------------------------------------------------------------------------
+ * Recorded sequences (ABI 1.3; all optional)
+ *
+ * A graph is a fixed sequence of operations (launches, copies, fills) that the core recorded once
+ * and replays many times: a CUDA graph, a reusable Vulkan command buffer, a host replay list.
+ * graph_launch records the whole sequence on a stream, after the stream's earlier work, with the
+ * same meaning as calling the operations one after another on that stream (each starts after the
+ * previous one completed). The core keeps every page, kernel and host block an op names alive and
+ * unchanged in size for as long as the graph exists, and releases a graph only after every launch
+ * of it completed. Host addresses in copy ops are pinned memory of this device (memory_allocate
+ * with BP_MEMORY_PINNED_HOST), read or written when the replay runs. A plugin that cannot build
+ * a graph for some op (indirect dispatch, a kind it does not know) returns BP_ERROR_UNSUPPORTED:
+ * the core then replays the operations one by one through the ordinary calls. The core never
+ * calls graph_update or graph_release of a graph concurrently with another call on that graph.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct bp_graph bp_graph; ///< a recorded sequence of operations of one device
+
+typedef enum bp_graph_op_kind {
+    BP_GRAPH_OP_LAUNCH = 0,              ///< `launch`
+    BP_GRAPH_OP_COPY_HOST_TO_DEVICE = 1, ///< `to_device`
+    BP_GRAPH_OP_COPY_DEVICE_TO_HOST = 2, ///< `to_host`
+    BP_GRAPH_OP_COPY_DEVICE_TO_DEVICE = 3, ///< `copy`
+    BP_GRAPH_OP_FILL = 4,                ///< `fill`
+} bp_graph_op_kind;
+
+/// One operation; only the pointer that `kind` names is read (the others may be NULL).
+typedef struct bp_graph_op {
+    size_t struct_size;
+    bp_graph_op_kind kind;
+    const bp_launch_args *launch;
+    const bp_copy_host_to_device_args *to_device;
+    const bp_copy_device_to_host_args *to_host;
+    const bp_copy_device_to_device_args *copy;
+    const bp_fill_args *fill;
+} bp_graph_op;
+
+typedef struct bp_graph_create_args {
+    size_t struct_size;
+    const bp_graph_op *ops; ///< copied during the call
+    uint32_t op_count;      ///< > 0
+} bp_graph_create_args;
+
+/* ---------------------------------------------------------------------------------------------
  * The function table
  * ------------------------------------------------------------------------------------------- */
 
@@ -611,6 +664,35 @@ typedef struct bp_plugin_api {
     /// Records one collective of `comm` on `stream` (a stream of `device`).
     bp_status (*collective)(bp_device *device, bp_stream *stream, bp_comm *comm,
                             const bp_collective_args *args, bp_error *error);
+
+    /* ABI 1.3: recorded sequences (see "Recorded sequences" above; all may be NULL) ------- */
+    /// Builds a replayable graph of the ops, in order. Touches no stream. BP_ERROR_UNSUPPORTED
+    /// when some op cannot be part of a graph on this device (the core then replays the ops).
+    bp_status (*graph_create)(bp_device *device, const bp_graph_create_args *args, bp_graph **out,
+                              bp_error *error);
+    /// Records one replay of the whole graph on `stream`.
+    bp_status (*graph_launch)(bp_device *device, bp_stream *stream, bp_graph *graph,
+                              bp_error *error);
+    /// Replaces op `index` of the graph with `op`: the same kind, for a launch the same kernel,
+    /// block size and binding count (grid, bindings and scalars may change). Later launches of
+    /// the graph use it; launches already recorded are not affected. BP_ERROR_UNSUPPORTED when
+    /// the plugin cannot change the graph in place (the core then builds a new graph).
+    bp_status (*graph_update)(bp_device *device, bp_graph *graph, uint32_t index,
+                              const bp_graph_op *op, bp_error *error);
+    /// Frees a graph; the core calls it after every launch of the graph completed.
+    void (*graph_release)(bp_device *device, bp_graph *graph);
+
+    /* ABI 1.3: host registration (may be NULL) ---------------------------------------------- */
+    /// Registers [args->host, args->host + args->size) as a page of kind BP_MEMORY_PINNED_HOST
+    /// whose mapped address is args->host: copy_host_to_device / copy_device_to_host from and
+    /// into that range run as from pinned pages (cuMemHostRegister). The caller keeps the memory
+    /// allocated and unchanged in place until memory_free of the page, which unregisters it and
+    /// never frees the host memory; the core calls memory_free after every transfer using the
+    /// range completed. BP_ERROR_UNSUPPORTED when the device cannot register host memory,
+    /// BP_ERROR_INVALID_ARGUMENT for a range the vendor refuses (e.g. overlapping a registered
+    /// one), BP_ERROR_OUT_OF_MEMORY when the system cannot lock more pages.
+    bp_status (*memory_register)(bp_device *device, const bp_memory_register_args *args,
+                                 bp_memory **out, bp_error *error);
 } bp_plugin_api;
 
 /// Signature of the entry symbol BP_PLUGIN_ENTRY_SYMBOL. Returns the plugin's static table; the

@@ -143,6 +143,34 @@ public:
     virtual void abort() = 0;
 };
 
+/// Base of the plugin's recorded sequences (ABI 1.3). Destroying it frees the vendor objects; the
+/// core does that only after every launch of the graph completed.
+class Graph {
+public:
+    virtual ~Graph() = default;
+};
+
+/// One op of a graph as the SDK hands it over: its kind checked, the argument struct of that kind
+/// read in full (zero-extended from an older host's), and a launch's bindings and scalars copied
+/// (the host lends them for the call only). Move-only: `launch.bindings` and `launch.scalars`
+/// point into the vectors, which keep their storage when moved.
+struct GraphOp {
+    bp_graph_op_kind kind = BP_GRAPH_OP_LAUNCH;
+    bp_launch_args launch{};
+    std::vector<bp_binding> bindings;
+    std::vector<unsigned char> scalars;
+    bp_copy_host_to_device_args toDevice{};
+    bp_copy_device_to_host_args toHost{};
+    bp_copy_device_to_device_args copy{};
+    bp_fill_args fill{};
+
+    GraphOp() = default;
+    GraphOp(GraphOp &&) noexcept = default;
+    GraphOp &operator=(GraphOp &&) noexcept = default;
+    GraphOp(const GraphOp &) = delete;
+    GraphOp &operator=(const GraphOp &) = delete;
+};
+
 /// A kernel compilation's outputs; `log` is passed to the host even when compile() throws.
 struct CompileOutput {
     std::vector<unsigned char> binary;
@@ -202,6 +230,35 @@ public:
     /// Records one collective on the stream.
     virtual void collective(Stream &, Comm &, const bp_collective_args &) {
         unsupported("collective");
+    }
+
+    // ABI 1.3 ------------------------------------------------------------------------------------
+    /// Builds a replayable graph of `ops` (checked and normalised; yours to move from). Throw
+    /// BP_ERROR_UNSUPPORTED for an op your graphs cannot hold: the core then replays the ops
+    /// one by one. Default: unsupported (the core's replay).
+    virtual std::unique_ptr<Graph> createGraph(std::vector<GraphOp> &ops) {
+        (void)ops;
+        unsupported("graph_create");
+    }
+    /// Records one replay of `graph` on `stream`, ordered like a launch.
+    virtual void launchGraph(Stream &, Graph &) { unsupported("graph_launch"); }
+    /// Replaces op `index` (the SDK checked the kind; check the index and the rest: the same
+    /// kind as before, for a launch the same kernel, block and binding count). Throw
+    /// BP_ERROR_UNSUPPORTED to have the core build a new graph instead.
+    virtual void updateGraph(Graph &, uint32_t index, GraphOp &op) {
+        (void)index;
+        (void)op;
+        unsupported("graph_update");
+    }
+
+    // ABI 1.3: host registration ------------------------------------------------------------------
+    /// Registers host memory the application allocated (the SDK checked that `args.host` is set,
+    /// `args.size` > 0 and `args.flags` 0), as a PINNED_HOST page whose mapped address is
+    /// `args.host`. Destroying the returned page unregisters the range and must not free it.
+    /// Default: unsupported.
+    virtual std::unique_ptr<Memory> registerHost(const bp_memory_register_args &args) {
+        (void)args;
+        unsupported("memory_register");
     }
 };
 
@@ -321,6 +378,61 @@ inline void writeSink(const bp_blob_sink &sink, const void *data, size_t size) {
 }
 
 inline Device &device(bp_device *d) { return fromHandle<Device>(d); }
+
+/// A caller's bp_graph_op as an owning, full-size GraphOp (see GraphOp); `what` names the call.
+inline GraphOp readGraphOp(const bp_graph_op *in, const std::string &what) {
+    const bp_graph_op op = readArgs(in);
+    GraphOp out;
+    const uint32_t kind = rawValue(op.kind);
+    const auto need = [&](const void *args, const char *field) {
+        if (args == nullptr)
+            throw Error(BP_ERROR_INVALID_ARGUMENT, what + ": kind " + std::to_string(kind) +
+                                                       " needs `" + field + "`, which is NULL");
+    };
+    switch (kind) {
+    case BP_GRAPH_OP_LAUNCH: {
+        need(op.launch, "launch");
+        out.launch = readArgs(op.launch);
+        if (out.launch.binding_count > 0) {
+            need(out.launch.bindings, "launch->bindings");
+            out.bindings.assign(out.launch.bindings,
+                                out.launch.bindings + out.launch.binding_count);
+        }
+        if (out.launch.scalar_size > 0) {
+            need(out.launch.scalars, "launch->scalars");
+            const auto *bytes = static_cast<const unsigned char *>(out.launch.scalars);
+            out.scalars.assign(bytes, bytes + out.launch.scalar_size);
+        }
+        out.launch.bindings = out.bindings.empty() ? nullptr : out.bindings.data();
+        out.launch.scalars = out.scalars.empty() ? nullptr : out.scalars.data();
+        break;
+    }
+    case BP_GRAPH_OP_COPY_HOST_TO_DEVICE:
+        need(op.to_device, "to_device");
+        out.toDevice = readArgs(op.to_device);
+        break;
+    case BP_GRAPH_OP_COPY_DEVICE_TO_HOST:
+        need(op.to_host, "to_host");
+        out.toHost = readArgs(op.to_host);
+        break;
+    case BP_GRAPH_OP_COPY_DEVICE_TO_DEVICE:
+        need(op.copy, "copy");
+        out.copy = readArgs(op.copy);
+        break;
+    case BP_GRAPH_OP_FILL:
+        need(op.fill, "fill");
+        out.fill = readArgs(op.fill);
+        break;
+    default:
+        // Unsupported, not invalid: a newer host may know kinds this plugin does not, and then
+        // replays the ops itself (plugin.h, "Recorded sequences").
+        throw Error(BP_ERROR_UNSUPPORTED, what + ": kind " + std::to_string(kind) +
+                                              " is not a bp_graph_op_kind this plugin knows "
+                                              "(ABI 1.3 defines 0 to 4)");
+    }
+    out.kind = static_cast<bp_graph_op_kind>(kind);
+    return out;
+}
 
 /// Builds the function table of plugin class P; one static instance per plugin library.
 template <class P> const bp_plugin_api *pluginApi() noexcept {
@@ -573,6 +685,57 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
                 device(d).collective(fromHandle<Stream>(s), fromHandle<Comm>(c), a);
             });
         };
+
+        t.graph_create = [](bp_device *d, const bp_graph_create_args *args, bp_graph **out,
+                            bp_error *error) {
+            return guard(error, [&] {
+                bp_graph *&result = outParam(out, "graph_create");
+                const auto a = readArgs(args);
+                if (a.op_count == 0 || a.ops == nullptr)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "graph_create: a graph needs at least one op (op_count " +
+                                    std::to_string(a.op_count) + ", ops " +
+                                    (a.ops ? "set" : "NULL") + ")");
+                std::vector<GraphOp> ops;
+                ops.reserve(a.op_count);
+                for (uint32_t i = 0; i < a.op_count; ++i)
+                    ops.push_back(readGraphOp(&a.ops[i], "graph_create: op " + std::to_string(i)));
+                result = toHandle<bp_graph>(device(d).createGraph(ops).release());
+            });
+        };
+        t.graph_launch = [](bp_device *d, bp_stream *s, bp_graph *g, bp_error *error) {
+            return guard(error, [&] {
+                device(d).launchGraph(fromHandle<Stream>(s), fromHandle<Graph>(g));
+            });
+        };
+        t.graph_update = [](bp_device *d, bp_graph *g, uint32_t index, const bp_graph_op *op,
+                            bp_error *error) {
+            return guard(error, [&] {
+                GraphOp normalised = readGraphOp(op, "graph_update: op " + std::to_string(index));
+                device(d).updateGraph(fromHandle<Graph>(g), index, normalised);
+            });
+        };
+        t.graph_release = [](bp_device *, bp_graph *g) {
+            guardRelease([&] { delete &fromHandle<Graph>(g); });
+        };
+
+        t.memory_register = [](bp_device *d, const bp_memory_register_args *args, bp_memory **out,
+                               bp_error *error) {
+            return guard(error, [&] {
+                bp_memory *&result = outParam(out, "memory_register");
+                const auto a = readArgs(args);
+                if (a.host == nullptr || a.size == 0)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "memory_register: the range needs a host address and a size > 0 "
+                                "(host " + std::string(a.host ? "set" : "NULL") + ", size " +
+                                    std::to_string(a.size) + ")");
+                if (a.flags != 0)
+                    throw Error(BP_ERROR_INVALID_ARGUMENT,
+                                "memory_register: flags " + std::to_string(a.flags) +
+                                    " are not defined in this ABI (they must be 0)");
+                result = toHandle<bp_memory>(device(d).registerHost(a).release());
+            });
+        };
         return t;
     }();
     return &api;
@@ -609,6 +772,7 @@ template <class Derived, class Handle> Derived &as(Handle *handle) {
                            std::conditional_t<std::is_same_v<Handle, bp_event>, Event,
                                               std::conditional_t<std::is_same_v<Handle, bp_comm>,
                                                                  Comm, Stream>>>>;
+    static_assert(!std::is_same_v<Handle, bp_graph>, "use sdk::as<Derived>(Graph &)");
     return static_cast<Derived &>(detail::fromHandle<Base>(handle));
 }
 
