@@ -37,6 +37,13 @@ constexpr StreamId kB = 2;
 /// Time a wrong engine gets to run work it should hold back (correctness never depends on it).
 constexpr auto kMisbehaveTime = 100ms;
 
+/// A host client with the slice cache on (memory.slice_cache is off by default in this version:
+/// docs/performance.md).
+ComputeClient openCached(const std::string &options = R"({"mode":"async"})", Config config = {}) {
+    config.sliceCache = true;
+    return openHost(options, config);
+}
+
 uint64_t cacheHits(const ComputeClient &client) {
     return detail::serverOf(client)->sliceCacheHits();
 }
@@ -80,7 +87,7 @@ void checkBsFillSurvivesTheOldKernel(ComputeClient &client, Gate<0> &gate, const
 
 TEST_CASE("a slice freed while its kernel runs and taken back from the cache waits for that "
           "kernel on another stream") {
-    ComputeClient client = openHost(kAsync);
+    ComputeClient client = openCached(kAsync);
     Gate<0> gate;
     Watchdog watchdog;
     const uint32_t n = 16384;
@@ -107,7 +114,7 @@ TEST_CASE("a slice freed while its kernel runs and taken back from the cache wai
 
 TEST_CASE("a cached slice passes a pending use it inherited from another stream to its next "
           "owner") {
-    ComputeClient client = openHost(kAsync64);
+    ComputeClient client = openCached(kAsync64);
     Gate<0> gate;
     Watchdog watchdog;
     const uint32_t n = static_cast<uint32_t>(2 * kMiB / 4);
@@ -141,7 +148,7 @@ TEST_CASE("a cached slice passes a pending use it inherited from another stream 
 
 TEST_CASE("a slice reused from its own stream's cache follows stream order without events "
           "(guard)") {
-    ComputeClient client = openHost(kAsync);
+    ComputeClient client = openCached(kAsync);
     Gate<0> gate;
     Watchdog watchdog;
     const uint32_t n = 16384;
@@ -168,7 +175,7 @@ TEST_CASE("a slice reused from its own stream's cache follows stream order witho
 // ----- cached memory is free memory -------------------------------------------------------------
 
 TEST_CASE("memoryCleanup gives back a page whose only slice waits in a cache") {
-    ComputeClient client = openHost(kAsync);
+    ComputeClient client = openCached(kAsync);
     {
         StreamGuard onA(kA);
         Buffer b = client.empty(kMiB);
@@ -179,7 +186,7 @@ TEST_CASE("memoryCleanup gives back a page whose only slice waits in a cache") {
 }
 
 TEST_CASE("the out-of-memory retry takes back what eight streams' caches hold") {
-    ComputeClient client = openHost(kAsync64);
+    ComputeClient client = openCached(kAsync64);
     for (StreamId s = 1; s <= 8; ++s) {
         StreamGuard guard(s);
         Buffer b = client.empty(2 * kMiB); // the eight fill the 16 MiB sliced page
@@ -199,7 +206,7 @@ TEST_CASE("the out-of-memory retry takes back what eight streams' caches hold") 
 TEST_CASE("the periodic release gives back a page whose only slice waits in a cache") {
     Config config;
     config.releaseIdleAfterMs = 0; // a check on every allocation from the pool
-    ComputeClient client = openHost(kAsync64, config);
+    ComputeClient client = openCached(kAsync64, config);
     {
         StreamGuard onA(kA);
         Buffer x = client.empty(kMiB); // the sliced page; x waits in A's cache
@@ -213,7 +220,7 @@ TEST_CASE("the periodic release gives back a page whose only slice waits in a ca
 TEST_CASE("a stream served only by its cache still runs the periodic release") {
     Config config;
     config.releaseIdleAfterMs = 0;
-    ComputeClient client = openHost(kAsync64, config);
+    ComputeClient client = openCached(kAsync64, config);
     std::optional<Buffer> large;
     {
         StreamGuard onB(kB);
@@ -229,7 +236,7 @@ TEST_CASE("a stream served only by its cache still runs the periodic release") {
 }
 
 TEST_CASE("memory usage counts cached slices as free and a reused slice at its new size") {
-    ComputeClient client = openHost(kAsync);
+    ComputeClient client = openCached(kAsync);
     StreamGuard onA(kA);
     Buffer b = client.empty(1000);
     const MemoryUsage live = client.memoryUsage();
@@ -261,7 +268,7 @@ TEST_CASE("memory usage counts cached slices as free and a reused slice at its n
 }
 
 TEST_CASE("sixteen streams that each free a slice do not make the pool grow") {
-    ComputeClient client = openHost(kAsync64);
+    ComputeClient client = openCached(kAsync64);
     for (StreamId s = 1; s <= 16; ++s) {
         StreamGuard guard(s);
         Buffer b = client.empty(2 * kMiB); // eight of them fill the page
@@ -271,7 +278,7 @@ TEST_CASE("sixteen streams that each free a slice do not make the pool grow") {
 }
 
 TEST_CASE("a closed client's caches hold nothing") {
-    std::optional<ComputeClient> client = openHost(kAsync);
+    std::optional<ComputeClient> client = openCached(kAsync);
     Buffer late;
     {
         StreamGuard onA(kA);
@@ -290,7 +297,7 @@ TEST_CASE("a closed client's caches hold nothing") {
 
 TEST_CASE("threads allocating and dropping buffers on shared streams never alias them and keep "
           "the usage report exact") {
-    ComputeClient client = openHost(R"({"mode":"async","workers":2})");
+    ComputeClient client = openCached(R"({"mode":"async","workers":2})");
     constexpr int kThreads = 4;
     constexpr int kRounds = 600;
     constexpr std::array<uint64_t, 5> kSizes{256, 1000, 4096, 64 * 1024, kMiB};

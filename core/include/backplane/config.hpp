@@ -99,6 +99,11 @@ struct Config {
     /// use non-temporal stores (x86-64), which write memory without first reading it into the
     /// cache; false uses memcpy.
     bool stagingStreamingStores = true;
+    /// memory.slice_cache: keep a few freed slices per stream slot and hand them out again
+    /// without the engine lock (docs/memory.md, "Slice caches"). Off by default in this version:
+    /// with it on, the staged multi-process communicator test fails intermittently, for a reason
+    /// not found yet (docs/performance.md).
+    bool sliceCache = false;
     /// memory.max_page_bytes: cap on sliced-pool page size (0 = derived from device memory).
     uint64_t maxPageBytes = 0;
     /// memory.release_idle_after_ms: a page with no live buffer whose work completed goes back

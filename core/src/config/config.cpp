@@ -145,7 +145,7 @@ public:
             checkKeys(m, "/memory",
                       {"staging_chunk_bytes", "staging_limit_bytes", "staging_ring_depth",
                        "staging_copy_threads", "staging_streaming_stores", "max_page_bytes",
-                       "release_idle_after_ms"});
+                       "slice_cache", "release_idle_after_ms"});
             if (m.contains("staging_chunk_bytes"))
                 c.stagingChunkBytes = unsignedInt(m["staging_chunk_bytes"],
                                                   "/memory/staging_chunk_bytes", 4096,
@@ -163,6 +163,8 @@ public:
             if (m.contains("staging_streaming_stores"))
                 c.stagingStreamingStores =
                     boolean(m["staging_streaming_stores"], "/memory/staging_streaming_stores");
+            if (m.contains("slice_cache"))
+                c.sliceCache = boolean(m["slice_cache"], "/memory/slice_cache");
             if (m.contains("max_page_bytes"))
                 c.maxPageBytes = unsignedInt(m["max_page_bytes"], "/memory/max_page_bytes", 0,
                                              std::numeric_limits<uint64_t>::max());
@@ -434,6 +436,7 @@ std::string toJson(const Config &config, int indent) {
           {"staging_copy_threads", config.stagingCopyThreads},
           {"staging_streaming_stores", config.stagingStreamingStores},
           {"max_page_bytes", config.maxPageBytes},
+          {"slice_cache", config.sliceCache},
           {"release_idle_after_ms", config.releaseIdleAfterMs}}},
         {"cache",
          {{"dir", cacheDirectory(config).string()}, {"enabled", config.cacheEnabled}}},

@@ -47,6 +47,8 @@ ComputeServer::ComputeServer(std::shared_ptr<Driver> driver, const Config &confi
           static_cast<uint32_t>(layout_.slicedPageBytes.size()))),
       streams_(std::make_shared<PluginStreams>(driver_)), tracker_(maxStreams_),
       kernels_(driver_, config_) {
+    // Without the slice cache nothing is ever kept in it: freed slices go to the pool.
+    if (!config_.sliceCache) freeQueue_->cache().close();
     pool_ = std::make_unique<MemoryPool>(driver_, layout_, freeQueue_, tracker_);
     const auto [chunk, limit] = stagingSizes(info(), config_);
     staging_ = std::make_unique<StagingPool>(driver_, chunk, limit);

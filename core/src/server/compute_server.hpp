@@ -139,6 +139,8 @@ public:
     Recording endRecording(StreamId stream);
     bool recording(StreamId stream);
     void replay(StreamId stream, const Recording &recording);
+    /// Drops the open recording of `thread` on `stream`, if any (its thread ended).
+    void discardRecording(std::thread::id thread, StreamId stream);
     /// Recording::update; `kernelName`, when given, must be the recorded launch's kernel.
     void updateRecording(RecordingState &state, size_t launch, const Dispatch &dispatch,
                          const std::string *kernelName = nullptr);

@@ -113,6 +113,49 @@ std::string dims(const uint32_t (&d)[3]) {
 
 // ----- recording --------------------------------------------------------------------------------
 
+namespace {
+
+/// The recordings the calling thread has open. A thread that ends without endRecording() must
+/// not leave its stream recording (a later thread may get the same std::thread::id, and its calls
+/// would be recorded, never run) nor keep the memory the recording holds: they are discarded
+/// when the thread ends.
+struct OpenRecordings {
+    std::vector<std::pair<std::weak_ptr<ComputeServer>, StreamId>> open;
+    OpenRecordings() = default;
+    OpenRecordings(const OpenRecordings &) = delete;
+    OpenRecordings &operator=(const OpenRecordings &) = delete;
+    ~OpenRecordings() {
+        for (const auto &[server, stream] : open)
+            if (const auto alive = server.lock())
+                alive->discardRecording(std::this_thread::get_id(), stream);
+    }
+    void forget(const ComputeServer *server, StreamId stream) {
+        std::erase_if(open, [&](const auto &entry) {
+            return entry.second == stream && entry.first.lock().get() == server;
+        });
+    }
+};
+thread_local OpenRecordings openRecordings;
+
+} // namespace
+
+void ComputeServer::discardRecording(std::thread::id thread, StreamId stream) {
+    std::shared_ptr<RecordingBuilder> builder; // dropped after the lock: its buffers go back
+    {
+        std::lock_guard lock(recordingMutex_);
+        const auto it = recordingStreams_.find({thread, stream});
+        if (it == recordingStreams_.end()) return;
+        builder = std::move(it->second);
+        recordingStreams_.erase(it);
+        recordings_.store(static_cast<uint32_t>(recordingStreams_.size()),
+                          std::memory_order_release);
+    }
+    log::write(log::Subsystem::Streams, log::Level::Warn,
+               info().id() + ": a thread ended while recording on stream " +
+                   std::to_string(stream) + " (beginRecording without endRecording); the "
+                   "recording was discarded");
+}
+
 std::shared_ptr<RecordingBuilder> ComputeServer::findRecording(StreamId stream) {
     std::lock_guard lock(recordingMutex_);
     const auto it = recordingStreams_.find({std::this_thread::get_id(), stream});
@@ -139,6 +182,7 @@ void ComputeServer::beginRecording(StreamId stream) {
                         info().id() + " is already recording; call endRecording() first");
     it->second = std::make_shared<RecordingBuilder>();
     recordings_.store(static_cast<uint32_t>(recordingStreams_.size()), std::memory_order_release);
+    openRecordings.open.emplace_back(weak_from_this(), stream);
 }
 
 bool ComputeServer::recording(StreamId stream) { return recordingOf(stream) != nullptr; }
@@ -148,10 +192,48 @@ void ComputeServer::recordOp(RecordingBuilder &builder, RecordedOp op) {
     builder.ops.push_back(std::move(op));
 }
 
+/// The device limits a plugin checks at launch, checked when a launch is recorded: a recording
+/// must fail at the recorded call, as the call would, not at endRecording() or at a replay.
+/// (Zero limits are ones the plugin did not report: not checked.)
+static void checkLaunchLimits(const DeviceInfo &d, const std::string &kernelName,
+                       const Dispatch &dispatch) {
+    const auto refuse = [&](const std::string &why) {
+        throw Error(ErrorCode::Launch, "kernel '" + kernelName + "' (recorded on " + d.id() +
+                                           "): " + why,
+                    d.backend);
+    };
+    uint64_t threads = 1;
+    for (int i = 0; i < 3; ++i) {
+        if (dispatch.block[i] == 0 || (d.maxBlockSize[i] != 0 && dispatch.block[i] > d.maxBlockSize[i]))
+            refuse("block dimension " + std::to_string(i) + " is " +
+                   std::to_string(dispatch.block[i]) + "; the device takes 1 to " +
+                   std::to_string(d.maxBlockSize[i]));
+        threads *= dispatch.block[i];
+        if (!dispatch.gridBuffer && d.maxGridSize[i] != 0 && dispatch.grid[i] > d.maxGridSize[i])
+            refuse("grid dimension " + std::to_string(i) + " is " +
+                   std::to_string(dispatch.grid[i]) + ", more than the device's " +
+                   std::to_string(d.maxGridSize[i]));
+    }
+    if (d.maxBlockThreads != 0 && threads > d.maxBlockThreads)
+        refuse("a block of " + std::to_string(threads) + " threads, more than the device's " +
+               std::to_string(d.maxBlockThreads));
+    if (d.maxBindings != 0 && dispatch.bindings.size() > d.maxBindings)
+        refuse(std::to_string(dispatch.bindings.size()) + " bindings, more than the device's " +
+               std::to_string(d.maxBindings));
+    if (d.maxScalarBytes != 0 && dispatch.scalars.size() > d.maxScalarBytes)
+        refuse(std::to_string(dispatch.scalars.size()) + " scalar bytes, more than the device's " +
+               std::to_string(d.maxScalarBytes));
+    if (dispatch.sharedMemoryBytes > d.maxSharedMemoryBytes)
+        refuse(std::to_string(dispatch.sharedMemoryBytes) +
+               " bytes of dynamic shared memory, more than the device's " +
+               std::to_string(d.maxSharedMemoryBytes));
+}
+
 void ComputeServer::recordLaunch(RecordingBuilder &builder, const KernelSource &kernel,
                                  const Dispatch &dispatch) {
     boost::container::small_vector<SlicePtr, 17> slices;
     checkDispatch(kernel.name, dispatch, slices);
+    checkLaunchLimits(info(), kernel.name, dispatch);
     RecordedOp op;
     op.kind = BP_GRAPH_OP_LAUNCH;
     op.kernelName = kernel.name;
@@ -173,7 +255,17 @@ bool ComputeServer::bakeGraph(RecordingVersion &version, std::string &note) {
     }
     std::string why;
     const std::vector<bp_graph_op> ops = version.graphOps();
-    GraphOwner graph = driver_->graphCreate(ops, why);
+    GraphOwner graph;
+    try {
+        graph = driver_->graphCreate(ops, why);
+    } catch (const Error &e) {
+        // The core checked every op like the calls; what the plugin's graphs still refuse
+        // (pinned memory of another device, say) the calls may do: they replay it instead. A
+        // lost device or a full memory is the application's to know.
+        if (e.code() == ErrorCode::DeviceLost || e.code() == ErrorCode::OutOfMemory) throw;
+        why = std::string("the plugin's graph_create refused it (") + e.what() + ")";
+        log::write(log::Subsystem::Streams, log::Level::Warn, info().id() + ": " + why);
+    }
     if (!graph) {
         note = "the core issues the recorded calls: " + why;
         log::write(log::Subsystem::Streams, log::Level::Debug, info().id() + ": " + note);
@@ -198,6 +290,7 @@ Recording ComputeServer::endRecording(StreamId stream) {
         recordings_.store(static_cast<uint32_t>(recordingStreams_.size()),
                           std::memory_order_release);
     }
+    openRecordings.forget(this, stream);
     auto state = std::make_shared<RecordingState>();
     state->server = shared_from_this();
     auto version = std::make_shared<RecordingVersion>();
@@ -276,6 +369,7 @@ void ComputeServer::updateRecording(RecordingState &state, size_t launch,
                         "'; a recorded launch keeps its kernel");
     boost::container::small_vector<SlicePtr, 17> slices;
     checkDispatch(old.kernelName, dispatch, slices);
+    checkLaunchLimits(info(), old.kernelName, dispatch);
     const bool oldGrid = old.launch.grid_memory != nullptr;
     if (dispatch.bindings.size() != old.bindings.size())
         throw Error(ErrorCode::InvalidArgument,
