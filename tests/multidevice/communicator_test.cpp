@@ -449,3 +449,43 @@ TEST_CASE("processes that disagree on a collective's count get an error, and non
         std::filesystem::remove_all(dir);
     }
 }
+
+TEST_CASE("two sends to another process in one staged group each deliver their own bytes") {
+    // The host plugin runs a group's collectives together at its end: a send buffer the staged
+    // path freed after its post was handed to the group's next post and overwritten before it
+    // was sent ("received 22 then 22").
+    const std::string dir = freshDirectory("twosends");
+    const std::vector<int> codes = runProcesses(2, 60s, [&](uint32_t p) {
+        std::vector<ComputeClient> devices = openHostDevices(1);
+        auto rendezvous = directoryRendezvous(dir, p, 2);
+        CommunicatorOptions options;
+        options.forceStaged = true;
+        options.timeout = 30s;
+        options.hostClient = devices[0];
+        Communicator comm = Communicator::create(devices, *rendezvous, options);
+        const uint64_t count = 37;
+        const std::vector<int32_t> first(count, 11), second(count, 22);
+        Buffer a = devices[0].create(first.data(), count * 4);
+        Buffer b = devices[0].create(second.data(), count * 4);
+        Buffer x = devices[0].empty(count * 4);
+        Buffer y = devices[0].empty(count * 4);
+        comm.groupStart();
+        if (p == 0) {
+            comm.send(a, count, DataType::I32, 1);
+            comm.send(b, count, DataType::I32, 1);
+        } else {
+            comm.recv(x, count, DataType::I32, 0);
+            comm.recv(y, count, DataType::I32, 0);
+        }
+        comm.groupEnd();
+        if (p == 0) return 0;
+        const std::vector<int32_t> gx = devices[0].readAs<int32_t>(x);
+        const std::vector<int32_t> gy = devices[0].readAs<int32_t>(y);
+        if (gx == first && gy == second) return 0;
+        std::fprintf(stderr, "process 1 received %d then %d (want 11 then 22)\n", gx[0], gy[0]);
+        return 1;
+    });
+    CHECK(codes[0] == 0);
+    CHECK(codes[1] == 0);
+    std::filesystem::remove_all(dir);
+}

@@ -100,10 +100,9 @@ struct Config {
     /// cache; false uses memcpy.
     bool stagingStreamingStores = true;
     /// memory.slice_cache: keep a few freed slices per stream slot and hand them out again
-    /// without the engine lock (docs/memory.md, "Slice caches"). Off by default in this version:
-    /// with it on, the staged multi-process communicator test fails intermittently, for a reason
-    /// not found yet (docs/performance.md).
-    bool sliceCache = false;
+    /// without the engine lock (docs/memory.md, "Slice caches"); false sends every freed slice
+    /// straight back to the pool.
+    bool sliceCache = true;
     /// memory.max_page_bytes: cap on sliced-pool page size (0 = derived from device memory).
     uint64_t maxPageBytes = 0;
     /// memory.release_idle_after_ms: a page with no live buffer whose work completed goes back

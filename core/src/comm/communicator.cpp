@@ -235,6 +235,10 @@ void writeAll(ComputeServer &server, StreamId stream, const Buffer &buffer, cons
 
 /// A collective of the process communicator recorded on the host plugin, its result not read yet.
 struct ProcessPending {
+    /// Kept until the result is read: inside a comm group the host plugin runs the group's
+    /// collectives together at its end, not in stream order, so a send buffer freed after its
+    /// post could be handed to a later post of the same group while the send still reads it.
+    Buffer send;
     Buffer recv;
     uint64_t recvBytes = 0;
 };
@@ -258,7 +262,7 @@ ProcessPending postProcess(CommunicatorState &s, bp_collective op, DataType type
     args.count = count;
     host.collective(stream, s.processComm.get(), args, &send, sendBytes, &recv, recvBytes,
                     "staged collective between processes");
-    return {recv, recvBytes};
+    return {send, recv, recvBytes};
 }
 
 Bytes finishProcess(CommunicatorState &s, const ProcessPending &pending) {
@@ -725,11 +729,13 @@ void Communicator::send(const Buffer &buffer, uint64_t count, DataType type, uin
     }
     const uint32_t to = s.processOfRank[peer];
     if (s.grouped) {
-        s.deferred.push_back({[&s, type, to, count, data = std::move(data)] {
-                                  detail::postProcess(s, BP_COLLECTIVE_SEND, type, ReduceOp::Sum,
-                                                      to, data, count, 0);
+        // Its buffers live until the group ended (see ProcessPending).
+        auto pending = std::make_shared<detail::ProcessPending>();
+        s.deferred.push_back({[&s, pending, type, to, count, data = std::move(data)] {
+                                  *pending = detail::postProcess(s, BP_COLLECTIVE_SEND, type,
+                                                                 ReduceOp::Sum, to, data, count, 0);
                               },
-                              nullptr});
+                              [pending] { *pending = {}; }});
         return;
     }
     detail::processCollective(s, BP_COLLECTIVE_SEND, type, ReduceOp::Sum, to, data, count, 0);
