@@ -1,7 +1,9 @@
 // backplane::Communicator on host-plugin devices: every operation x type x reduction checked
 // exactly against a reference, in one process (4 devices: Gloo, and the staged path) and across
 // forked processes on loopback (Gloo and staged), plus a rendezvous timeout and a rank that dies
-// before a collective (the survivor gets a clear error, no hang).
+// before a collective (the survivor gets a clear error, no hang). Both engines refuse the same
+// calls before any rank's part goes out (a bad last rank leaves no other rank waiting), apply
+// one pairing rule to sends and recvs between ranks of this process, and nest groups.
 #include "client/open_client.hpp"
 #include "comm/host_reduce.hpp"
 #include "plugin/device_info.hpp"
@@ -20,10 +22,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace backplane;
@@ -488,4 +496,379 @@ TEST_CASE("two sends to another process in one staged group each deliver their o
     CHECK(codes[0] == 0);
     CHECK(codes[1] == 0);
     std::filesystem::remove_all(dir);
+}
+
+// ----- refusals on one rank, and groups ---------------------------------------------------------
+
+namespace {
+
+constexpr uint32_t kRanks = 4;
+constexpr uint64_t kCount = 8;
+constexpr float kUnwritten = -1.0f;
+/// Every element of the sends of a refused call: a result that contains it came from a leftover.
+constexpr float kRefusedValue = 50.0f;
+
+/// Four host-plugin devices of one process and a communicator over them, on Gloo or staged. The
+/// engine timeout (20 s) lies far above the watchdogs (5 s): ranks that were issued a call the
+/// last rank refused wait for it until that timeout, so the follow-up would miss its watchdog.
+struct FourRanks {
+    std::vector<ComputeClient> devices = openHostDevices(kRanks);
+    std::unique_ptr<Rendezvous> rendezvous = localRendezvous();
+    Communicator comm;
+
+    explicit FourRanks(bool staged) {
+        CommunicatorOptions options;
+        options.forceStaged = staged;
+        options.timeout = 20s;
+        comm = Communicator::create(devices, *rendezvous, options);
+        REQUIRE(comm.staged() == staged);
+    }
+    std::vector<Buffer> filled(float value, uint64_t elements) {
+        std::vector<Buffer> out;
+        for (ComputeClient &d : devices)
+            out.push_back(d.createFrom<float>(std::vector<float>(elements, value)));
+        return out;
+    }
+    std::vector<std::vector<float>> read(const std::vector<Buffer> &buffers) {
+        std::vector<std::vector<float>> out;
+        for (uint32_t r = 0; r < kRanks; ++r) out.push_back(devices[r].readAs<float>(buffers[r]));
+        return out;
+    }
+};
+
+/// Runs `body` on another thread and returns its result, or nothing when it threw (a failed
+/// check). A body still running after `limit` fails the test; it is waited for all the same (the
+/// engine timeout ends it).
+template <class F>
+auto withinLimit(std::chrono::seconds limit, const std::string &what, F body)
+    -> std::optional<decltype(body())> {
+    auto outcome = std::async(std::launch::async, std::move(body));
+    const bool inTime = outcome.wait_for(limit) == std::future_status::ready;
+    CHECK_MESSAGE(inTime, what << " took longer than " << limit.count() << " s");
+    try {
+        return outcome.get();
+    } catch (const std::exception &e) {
+        FAIL_CHECK(what << " failed: " << std::string(e.what()));
+        return std::nullopt;
+    }
+}
+
+enum class Op { AllReduce, Reduce, Broadcast, AllGather, ReduceScatter, SendRecv };
+constexpr Op kAllOps[] = {Op::AllReduce, Op::Reduce,        Op::Broadcast,
+                          Op::AllGather, Op::ReduceScatter, Op::SendRecv};
+
+const char *nameOf(Op op) {
+    switch (op) {
+    case Op::AllReduce: return "allReduce";
+    case Op::Reduce: return "reduce";
+    case Op::Broadcast: return "broadcast";
+    case Op::AllGather: return "allGather";
+    case Op::ReduceScatter: return "reduceScatter";
+    case Op::SendRecv: return "send/recv";
+    }
+    return "?";
+}
+
+/// `op` over every rank, f32, kCount elements a part: reduce and broadcast rooted at the last
+/// rank (the host plugin checks a reduce's recv and a broadcast's send on the root only);
+/// send/recv around the ring in one group that is always ended, the first failure rethrown.
+void issue(Communicator &comm, Op op, std::span<const Buffer> send, std::span<const Buffer> recv) {
+    switch (op) {
+    case Op::AllReduce: comm.allReduce(send, recv, kCount, DataType::F32, ReduceOp::Sum); return;
+    case Op::Reduce:
+        comm.reduce(send, recv, kCount, DataType::F32, ReduceOp::Sum, kRanks - 1);
+        return;
+    case Op::Broadcast: comm.broadcast(send, recv, kCount, DataType::F32, kRanks - 1); return;
+    case Op::AllGather: comm.allGather(send, recv, kCount, DataType::F32); return;
+    case Op::ReduceScatter:
+        comm.reduceScatter(send, recv, kCount, DataType::F32, ReduceOp::Sum);
+        return;
+    case Op::SendRecv: break;
+    }
+    std::exception_ptr failure;
+    const auto attempt = [&](const std::function<void()> &call) {
+        try {
+            call();
+        } catch (...) {
+            if (!failure) failure = std::current_exception();
+        }
+    };
+    comm.groupStart();
+    for (uint32_t r = 0; r < kRanks; ++r)
+        attempt([&] { comm.send(send[r], kCount, DataType::F32, (r + 1) % kRanks, r); });
+    for (uint32_t r = 0; r < kRanks; ++r)
+        attempt([&] { comm.recv(recv[r], kCount, DataType::F32, (r + kRanks - 1) % kRanks, r); });
+    attempt([&] { comm.groupEnd(); });
+    if (failure) std::rethrow_exception(failure);
+}
+
+/// What recv[r] holds after a valid `op` whose rank q sent valueOf(q, i) (kCount * kRanks
+/// elements, the rest of recv unwritten).
+std::vector<float> expected(Op op, uint32_t r) {
+    std::vector<float> out(kCount * kRanks, kUnwritten);
+    const auto sum = [](uint64_t i) {
+        float acc = 0;
+        for (uint32_t q = 0; q < kRanks; ++q) acc += static_cast<float>(valueOf(q, i));
+        return acc;
+    };
+    for (uint64_t i = 0; i < kCount; ++i) {
+        switch (op) {
+        case Op::AllReduce: out[i] = sum(i); break;
+        case Op::Reduce:
+            if (r == kRanks - 1) out[i] = sum(i);
+            break;
+        case Op::Broadcast: out[i] = static_cast<float>(valueOf(kRanks - 1, i)); break;
+        case Op::AllGather:
+            for (uint32_t q = 0; q < kRanks; ++q)
+                out[q * kCount + i] = static_cast<float>(valueOf(q, i));
+            break;
+        case Op::ReduceScatter: out[i] = sum(r * kCount + i); break;
+        case Op::SendRecv:
+            out[i] = static_cast<float>(valueOf((r + kRanks - 1) % kRanks, i));
+            break;
+        }
+    }
+    return out;
+}
+
+/// What is wrong with the last rank's part of the refused call.
+enum class Fault { Overlap, Recording };
+
+/// Issues `op` with the last rank's part bad in `fault`: it must be refused before anything of
+/// it reached any rank. Then, under a watchdog, nothing of it was written anywhere, and the same
+/// operation with valid buffers completes with its own result.
+void checkRefusedOnLastRank(bool staged, Op op, Fault fault) {
+    FourRanks f(staged);
+    const uint64_t elements = kCount * kRanks;
+    std::vector<Buffer> send = f.filled(kRefusedValue, elements);
+    std::vector<Buffer> recv = f.filled(kUnwritten, elements);
+    Buffer both = f.devices[kRanks - 1].createFrom<float>(
+        std::vector<float>(2 * elements, kUnwritten));
+    std::vector<Buffer> badSend = send, badRecv = recv;
+    if (fault == Fault::Overlap) {
+        // One element apart: not in place for any operation (the in-place layouts: the same
+        // range; all_gather's send at recv + rank * count; reduce_scatter's recv at send + rank
+        // * count).
+        badSend[kRanks - 1] = both.view(0);
+        badRecv[kRanks - 1] = both.view(sizeof(float));
+        CHECK_THROWS_WITH_AS(issue(f.comm, op, badSend, badRecv), doctest::Contains("overlap"),
+                             Error);
+    } else {
+        f.devices[kRanks - 1].beginRecording();
+        CHECK_THROWS_WITH_AS(issue(f.comm, op, badSend, badRecv),
+                             doctest::Contains("a collective cannot be recorded"), Error);
+        (void)f.devices[kRanks - 1].endRecording();
+    }
+    std::vector<Buffer> good;
+    for (uint32_t r = 0; r < kRanks; ++r) {
+        std::vector<float> mine(elements);
+        for (uint64_t i = 0; i < elements; ++i) mine[i] = static_cast<float>(valueOf(r, i));
+        good.push_back(f.devices[r].createFrom<float>(mine));
+    }
+    const auto outcome = withinLimit(5s, "the follow-up", [&] {
+        std::vector<std::vector<float>> before = f.read(recv);
+        before.push_back(f.devices[kRanks - 1].readAs<float>(both));
+        issue(f.comm, op, good, recv);
+        return std::pair(before, f.read(recv));
+    });
+    if (!outcome) return;
+    const auto &[untouched, results] = *outcome;
+    for (uint32_t r = 0; r < kRanks; ++r) {
+        CAPTURE(r);
+        CHECK(untouched[r] == std::vector<float>(elements, kUnwritten));
+        CHECK(results[r] == expected(op, r));
+    }
+    CHECK(untouched[kRanks] == std::vector<float>(2 * elements, kUnwritten));
+}
+
+/// Sends rank 0 -> rank 1 in a group that must pass: rank 1 gets `value`s.
+void checkGroupDelivers(FourRanks &f, float value) {
+    const auto results = withinLimit(5s, "a correct group", [&] {
+        Buffer out = f.devices[0].createFrom<float>(std::vector<float>(kCount, value));
+        Buffer in = f.devices[1].createFrom<float>(std::vector<float>(kCount, kUnwritten));
+        f.comm.groupStart();
+        f.comm.send(out, kCount, DataType::F32, 1, 0);
+        f.comm.recv(in, kCount, DataType::F32, 0, 1);
+        f.comm.groupEnd();
+        return f.devices[1].readAs<float>(in);
+    });
+    CHECK(results == std::vector<float>(kCount, value));
+}
+
+} // namespace
+
+TEST_CASE("overlapping ranges on the last local rank are refused before any rank is issued") {
+    for (const bool staged : {false, true})
+        for (const Op op : kAllOps) {
+            if (op == Op::SendRecv) continue; // one buffer: nothing can overlap
+            CAPTURE(staged);
+            const std::string name = nameOf(op);
+            CAPTURE(name);
+            checkRefusedOnLastRank(staged, op, Fault::Overlap);
+        }
+}
+
+TEST_CASE("a recording stream on the last local rank refuses the call before any rank is issued") {
+    for (const bool staged : {false, true})
+        for (const Op op : kAllOps) {
+            CAPTURE(staged);
+            const std::string name = nameOf(op);
+            CAPTURE(name);
+            checkRefusedOnLastRank(staged, op, Fault::Recording);
+        }
+}
+
+TEST_CASE("the staged engine refuses the buffers the native one refuses, before writing any") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        FourRanks f(staged);
+        std::vector<Buffer> send = f.filled(1.0f, kCount);
+        std::vector<Buffer> recv = f.filled(kUnwritten, kCount);
+        std::vector<Buffer> small = recv, zero = recv;
+        small[kRanks - 1] = f.devices[kRanks - 1].empty(sizeof(float));
+        zero[kRanks - 1] = f.devices[kRanks - 1].empty(0);
+        // A reduce's recv and a broadcast's send off the root must fit too.
+        CHECK_THROWS_WITH_AS(f.comm.reduce(send, small, kCount, DataType::F32, ReduceOp::Sum, 0),
+                             doctest::Contains("overruns"), Error);
+        CHECK_THROWS_WITH_AS(f.comm.broadcast(small, recv, kCount, DataType::F32, 0),
+                             doctest::Contains("overruns"), Error);
+        // A zero-byte Buffer, even for a count of 0.
+        CHECK_THROWS_WITH_AS(f.comm.allReduce(send, zero, 0, DataType::F32, ReduceOp::Sum),
+                             doctest::Contains("zero-byte"), Error);
+        const auto results = withinLimit(5s, "the follow-up", [&] {
+            std::vector<std::vector<float>> before = f.read(recv);
+            f.comm.allReduce(send, recv, kCount, DataType::F32, ReduceOp::Sum);
+            return std::pair(before, f.read(recv));
+        });
+        if (!results) continue;
+        for (uint32_t r = 0; r < kRanks; ++r) {
+            CAPTURE(r);
+            CHECK(results->first[r] == std::vector<float>(kCount, kUnwritten));
+            CHECK(results->second[r] == std::vector<float>(kCount, 4.0f));
+        }
+    }
+}
+
+TEST_CASE("the in-place layouts are accepted on every engine") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        FourRanks f(staged);
+        std::vector<Buffer> send, recv;
+        // all_gather: send at recv + rank * count; reduce_scatter: recv at send + rank * count.
+        for (uint32_t r = 0; r < kRanks; ++r) {
+            std::vector<float> whole(kCount * kRanks, kUnwritten);
+            for (uint64_t i = 0; i < kCount * kRanks; ++i)
+                whole[i] = static_cast<float>(valueOf(r, i));
+            recv.push_back(f.devices[r].createFrom<float>(whole));
+            send.push_back(recv[r].view(r * kCount * sizeof(float), kCount * sizeof(float)));
+        }
+        std::vector<Buffer> parts;
+        for (uint32_t r = 0; r < kRanks; ++r)
+            parts.push_back(recv[r].view(r * kCount * sizeof(float), kCount * sizeof(float)));
+        f.comm.reduceScatter(recv, parts, kCount, DataType::F32, ReduceOp::Sum);
+        for (uint32_t r = 0; r < kRanks; ++r) {
+            std::vector<float> part = f.devices[r].readAs<float>(parts[r]);
+            std::vector<float> want = expected(Op::ReduceScatter, r);
+            want.resize(kCount);
+            CHECK(part == want);
+        }
+        // Now each rank's own part is the reduced one; gather them in place.
+        f.comm.allGather(send, recv, kCount, DataType::F32);
+        for (uint32_t r = 0; r < kRanks; ++r) {
+            std::vector<float> want;
+            for (uint32_t q = 0; q < kRanks; ++q) {
+                std::vector<float> part = expected(Op::ReduceScatter, q);
+                want.insert(want.end(), part.begin(), part.begin() + kCount);
+            }
+            CHECK(f.devices[r].readAs<float>(recv[r]) == want);
+        }
+    }
+}
+
+TEST_CASE("a group whose local sends and recvs do not pair up is refused whole on every engine") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        FourRanks f(staged);
+        Buffer old = f.devices[0].createFrom<float>(std::vector<float>(kCount, kRefusedValue));
+        Buffer toRank3 = f.devices[2].createFrom<float>(std::vector<float>(kCount, 7.0f));
+        Buffer atRank3 = f.devices[3].createFrom<float>(std::vector<float>(kCount, kUnwritten));
+        Buffer in = f.devices[1].createFrom<float>(std::vector<float>(kCount, kUnwritten));
+        SUBCASE("a send without its recv, beside a pair that matches") {
+            f.comm.groupStart();
+            f.comm.send(old, kCount, DataType::F32, 1, 0);
+            f.comm.send(toRank3, kCount, DataType::F32, 3, 2);
+            f.comm.recv(atRank3, kCount, DataType::F32, 2, 3);
+            CHECK_THROWS_WITH_AS(f.comm.groupEnd(), doctest::Contains("receives 0"), Error);
+            // Nothing of the group's local point-to-point operations ran, not even the pair.
+            CHECK(f.devices[3].readAs<float>(atRank3) == std::vector<float>(kCount, kUnwritten));
+        }
+        SUBCASE("a recv without its send") {
+            f.comm.groupStart();
+            f.comm.recv(in, kCount, DataType::F32, 0, 1);
+            CHECK_THROWS_WITH_AS(f.comm.groupEnd(), doctest::Contains("receives 1"), Error);
+        }
+        SUBCASE("a send and a recv of different sizes") {
+            f.comm.groupStart();
+            f.comm.send(old, kCount, DataType::F32, 1, 0);
+            f.comm.recv(in, kCount / 2, DataType::F32, 0, 1);
+            CHECK_THROWS_WITH_AS(f.comm.groupEnd(), doctest::Contains("sizes differ"), Error);
+        }
+        SUBCASE("a send or a recv outside a group") {
+            CHECK_THROWS_WITH_AS(f.comm.send(old, kCount, DataType::F32, 1, 0),
+                                 doctest::Contains("one group"), Error);
+            CHECK_THROWS_WITH_AS(f.comm.recv(in, kCount, DataType::F32, 0, 1),
+                                 doctest::Contains("one group"), Error);
+        }
+        CHECK_THROWS_WITH_AS(f.comm.groupEnd(), doctest::Contains("no group is open"), Error);
+        CHECK(f.devices[1].readAs<float>(in) == std::vector<float>(kCount, kUnwritten));
+        // A later group starts clean: its recv gets its own send, not the refused one's.
+        checkGroupDelivers(f, 3.0f);
+        checkGroupDelivers(f, 4.0f);
+    }
+}
+
+TEST_CASE("nested groups issue their operations at the outermost groupEnd on every engine") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        FourRanks f(staged);
+        std::vector<Buffer> out, in = f.filled(kUnwritten, kCount);
+        for (uint32_t r = 0; r < kRanks; ++r) {
+            std::vector<float> mine(kCount);
+            for (uint64_t i = 0; i < kCount; ++i) mine[i] = static_cast<float>(valueOf(r, i));
+            out.push_back(f.devices[r].createFrom<float>(mine));
+        }
+        const auto results = withinLimit(5s, "the nested groups", [&] {
+            f.comm.groupStart();
+            f.comm.groupStart(); // the sends alone: an inner groupEnd checks nothing
+            for (uint32_t r = 0; r < kRanks; ++r)
+                f.comm.send(out[r], kCount, DataType::F32, (r + 1) % kRanks, r);
+            f.comm.groupEnd();
+            f.comm.groupStart();
+            f.comm.groupStart();
+            for (uint32_t r = 0; r < kRanks; ++r)
+                f.comm.recv(in[r], kCount, DataType::F32, (r + kRanks - 1) % kRanks, r);
+            f.comm.groupEnd();
+            f.comm.groupEnd();
+            f.comm.groupEnd();
+            return f.read(in);
+        });
+        if (!results) continue;
+        for (uint32_t r = 0; r < kRanks; ++r) {
+            CAPTURE(r);
+            std::vector<float> want = expected(Op::SendRecv, r);
+            want.resize(kCount);
+            CHECK((*results)[r] == want);
+        }
+        CHECK_THROWS_WITH_AS(f.comm.groupEnd(), doctest::Contains("no group is open"), Error);
+        // The smallest nesting, one pair.
+        Buffer a = f.devices[2].createFrom<float>(std::vector<float>(kCount, 9.0f));
+        Buffer b = f.devices[0].createFrom<float>(std::vector<float>(kCount, kUnwritten));
+        f.comm.groupStart();
+        f.comm.groupStart();
+        f.comm.send(a, kCount, DataType::F32, 0, 2);
+        f.comm.recv(b, kCount, DataType::F32, 2, 0);
+        f.comm.groupEnd();
+        f.comm.groupEnd();
+        CHECK(f.devices[0].readAs<float>(b) == std::vector<float>(kCount, 9.0f));
+    }
 }

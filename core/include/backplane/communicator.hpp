@@ -137,10 +137,18 @@ struct CommunicatorOptions {
 /// Counts are elements of `type`: allReduce, reduce, broadcast, send and recv move `count`
 /// elements per rank; allGather sends `count` and receives `count * size()` (rank r at
 /// r * count); reduceScatter sends `count * size()` and receives `count` (part r on rank r).
-/// Buffers may be views; send and recv may be the same buffer for allReduce, reduce and
-/// broadcast. Errors: Error(InvalidArgument) before anything runs for a buffer that is too
-/// small, of another device, or a bad root/peer; Error(Remote) when a peer failed or left (the
-/// communicator is then unusable: abort() it and make a new one); Error(Timeout) from create.
+/// Buffers may be views. Send and recv ranges of one allocation may overlap only in NCCL's
+/// in-place layouts: the same range (allReduce, reduce, broadcast), allGather's send at recv +
+/// rank * count elements, reduceScatter's recv at send + rank * count elements.
+///
+/// Errors: Error(InvalidArgument) for a buffer that is too small, of another device or a
+/// zero-byte Buffer, ranges that overlap otherwise, a stream that is recording
+/// (ComputeClient::beginRecording), a bad count, type, reduction, root or peer. Every local
+/// rank's part is checked before any rank's part is issued, read or written, on every engine:
+/// a refused call leaves nothing behind on any rank (ranks of other processes may still wait
+/// for it: they are the application's to keep in step). Error(Remote) when a peer failed or
+/// left (the communicator is then unusable: abort() it and make a new one); Error(Timeout)
+/// from create.
 /// Thread-safety: one thread at a time per Communicator (the order of operations matters).
 class Communicator {
 public:
@@ -174,14 +182,23 @@ public:
     void reduceScatter(std::span<const Buffer> send, std::span<const Buffer> recv, uint64_t count,
                        DataType type, ReduceOp op);
     /// Point to point, for local device `local`: sends to / receives from global rank `peer`.
-    /// Between two ranks of one process, call send before the matching recv, or put both in a
-    /// group.
+    /// Checked when called (see the class: buffer, stream, peer). Between two ranks of one
+    /// process, on every engine: both must be inside a group (groupStart ... groupEnd), and are
+    /// issued at the outermost groupEnd only when that group's sends and recvs between ranks of
+    /// this process pair up exactly (per sender and receiver, the same number of messages of
+    /// the same sizes, in order). Outside a group such a call is Error(InvalidArgument).
     void send(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
               size_t local = 0);
     void recv(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
               size_t local = 0);
     /// Collectives between groupStart and groupEnd are issued together (NCCL's group
-    /// semantics): needed for send/recv pairs between ranks that one thread drives.
+    /// semantics): needed for send/recv pairs between ranks that one thread drives. Groups
+    /// nest: an inner groupEnd does nothing, the outermost one ends the group. groupEnd with
+    /// no open group is Error(InvalidArgument). When the sends and recvs between ranks of this
+    /// process do not pair up, the outermost groupEnd throws Error(InvalidArgument) and issues
+    /// none of them (the group's other operations, which other processes expect, are still
+    /// issued); nothing of them stays queued, and the group is closed: the next one starts
+    /// clean.
     void groupStart();
     void groupEnd();
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <exception>
 #include <future>
 #include <map>
 #include <thread>
@@ -82,7 +83,9 @@ struct CommunicatorState {
     std::vector<uint32_t> processOfRank; ///< global rank -> process
     std::string engine;
     bool staged = false;
-    bool grouped = false;
+    /// Open groupStart()s: operations are issued when the outermost group ends (NCCL nests them
+    /// the same way).
+    uint32_t groupDepth = 0;
     std::atomic<bool> aborted{false};
 
     // native engine
@@ -92,24 +95,27 @@ struct CommunicatorState {
     std::optional<ComputeClient> host;       ///< between processes (processCount > 1)
     std::shared_ptr<ComputeServer> hostServer;
     CommOwner processComm;                   ///< ranks = processes, on the host plugin
-    std::map<std::pair<uint32_t, uint32_t>, std::deque<Bytes>> mailbox; ///< (from, to) -> sends
-    /// Point-to-point operations of a staged group: at groupEnd every `post` runs inside one
-    /// group of the host plugin (so a ring of sends and recvs between processes cannot wait on
-    /// each other), then every `finish` in order.
+    /// Point-to-point operations with other processes in a staged group: at groupEnd every
+    /// `post` runs inside one group of the host plugin (so a ring of sends and recvs between
+    /// processes cannot wait on each other), then every `finish` in order.
     struct Deferred {
         std::function<void()> post;
         std::function<void()> finish;
     };
     std::vector<Deferred> deferred;
-    /// Native engine: point-to-point calls between two ranks of this process, held until
-    /// groupEnd checks that every send has its recv (an unmatched one would pair with a later
-    /// collective and wait forever).
+    /// Every engine: point-to-point calls between two ranks of this process, held until the
+    /// outermost groupEnd checks that they pair up exactly. An unmatched one would pair with a
+    /// later collective and wait forever (native), or its payload would reach a later group's
+    /// recv (staged).
     struct LocalP2p {
         uint32_t from = 0;
         uint32_t to = 0;
         uint64_t bytes = 0;
         bool sending = false;
-        std::function<void()> issue;
+        size_t local = 0;    ///< the local device that sends or receives
+        Buffer buffer;
+        StreamId stream = 0; ///< the calling thread's current stream at the call
+        bp_collective_args args{};
     };
     std::vector<LocalP2p> localP2p;
 
@@ -488,19 +494,68 @@ uint64_t bytesOf(uint64_t count, DataType type, uint64_t times, const char *what
     return count * es * times;
 }
 
-/// One native collective for every local rank, grouped when there are several.
+/// The plugins' rule for send and recv ranges that overlap (plugins/host/host_comm.cpp,
+/// plugins/cuda/gpu_collectives.cpp prepareCall): only NCCL's in-place layouts are allowed. Two
+/// Buffers share bytes only when they are views of one allocation (Buffer::id; allocations never
+/// overlap), so the views' offsets compare as the plugins compare memory and absolute offsets.
+/// Checked whenever both buffers are given, as the CUDA plugin does; the host plugin skips a
+/// reduce's recv and a broadcast's send off the root, so this refuses a little more there.
+void checkOverlap(bp_collective op, uint32_t rank, const Buffer &send, uint64_t sendBytes,
+                  const Buffer &recv, uint64_t recvBytes, const std::string &what) {
+    if (send.id() != recv.id() || sendBytes == 0 || recvBytes == 0) return;
+    const uint64_t s = send.offset();
+    const uint64_t r = recv.offset();
+    if (s >= r + recvBytes || r >= s + sendBytes) return;
+    bool inPlace = false;
+    switch (op) {
+    case BP_COLLECTIVE_ALL_GATHER: inPlace = s == r + rank * sendBytes; break;
+    case BP_COLLECTIVE_REDUCE_SCATTER: inPlace = r == s + rank * recvBytes; break;
+    default: inPlace = s == r && sendBytes == recvBytes; break;
+    }
+    if (!inPlace)
+        detail::invalid(what, "rank " + std::to_string(rank) + ": the send range [" +
+                                  std::to_string(s) + ", +" + std::to_string(sendBytes) +
+                                  ") and the recv range [" + std::to_string(r) + ", +" +
+                                  std::to_string(recvBytes) +
+                                  ") of one Buffer overlap; they must be disjoint or in place "
+                                  "(the same range; for allGather send at recv + rank * count, "
+                                  "for reduceScatter recv at send + rank * count)");
+}
+
+/// Every refusal of local rank `local`'s part of an operation, on every engine, so that a call
+/// is checked on all local ranks before anything of it is issued, read or written (a part
+/// refused after others went out would leave those waiting for it until the engine timeout):
+/// the device is alive, `stream` does not record (the message ComputeServer::collective gives),
+/// the buffers are the device's, large enough and not zero-byte Buffers, send and recv do not
+/// overlap (checkOverlap).
+void checkPart(CommunicatorState &s, size_t local, StreamId stream, bp_collective op,
+               const Buffer *send, uint64_t sendBytes, const Buffer *recv, uint64_t recvBytes,
+               const std::string &what) {
+    detail::ComputeServer &server = *s.servers[local];
+    server.refuseWhileRecording(stream, "a collective");
+    server.checkCollective(send, sendBytes, recv, recvBytes, what);
+    if (send != nullptr && recv != nullptr)
+        checkOverlap(op, s.firstRank + static_cast<uint32_t>(local), *send, sendBytes, *recv,
+                     recvBytes, what);
+}
+
+/// checkPart for every local rank of a collective.
+void checkAllParts(CommunicatorState &s, bp_collective op, std::span<const Buffer> send,
+                   uint64_t sendBytes, std::span<const Buffer> recv, uint64_t recvBytes,
+                   const char *what) {
+    const std::string name = std::string("Communicator::") + what;
+    const StreamId stream = s.stream();
+    for (size_t i = 0; i < s.servers.size(); ++i)
+        checkPart(s, i, stream, op, &send[i], sendBytes, &recv[i], recvBytes, name);
+}
+
+/// One native collective for every local rank (checkAllParts passed), grouped when there are
+/// several.
 void nativeAll(CommunicatorState &s, bp_collective op, std::span<const Buffer> send,
                std::span<const Buffer> recv, uint64_t count, DataType type, ReduceOp reduce,
                uint32_t peer, uint64_t sendBytes, uint64_t recvBytes, const char *what) {
-    const bool noSend = op == BP_COLLECTIVE_RECV;
-    const bool noRecv = op == BP_COLLECTIVE_SEND;
     const std::string name = std::string("Communicator::") + what;
-    // Every rank is checked before any is recorded: a refusal halfway through a group would
-    // leave the first ranks' parts recorded, to pair with the next collective's.
-    for (size_t i = 0; i < s.servers.size(); ++i)
-        s.servers[i]->checkCollective(noSend ? nullptr : &send[i], sendBytes,
-                                      noRecv ? nullptr : &recv[i], recvBytes, name);
-    const bool group = s.servers.size() > 1 && !s.grouped;
+    const bool group = s.servers.size() > 1 && s.groupDepth == 0;
     detail::Driver &driver = s.servers[0]->driver();
     if (group) driver.commGroup(true);
     try {
@@ -512,15 +567,18 @@ void nativeAll(CommunicatorState &s, bp_collective op, std::span<const Buffer> s
             args.reduce = static_cast<bp_reduce_op>(reduce);
             args.peer = peer;
             args.count = count;
-            s.servers[i]->collective(s.stream(), s.comms[i].get(), args,
-                                     noSend ? nullptr : &send[i], sendBytes,
-                                     noRecv ? nullptr : &recv[i], recvBytes, name);
+            s.servers[i]->collective(s.stream(), s.comms[i].get(), args, &send[i], sendBytes,
+                                     &recv[i], recvBytes, name);
         }
     } catch (...) {
         if (group) driver.commGroup(false);
         throw;
     }
     if (group) driver.commGroup(false);
+}
+
+bool isLocal(const CommunicatorState &s, uint32_t rank) {
+    return rank >= s.firstRank && rank < s.firstRank + s.servers.size();
 }
 
 } // namespace
@@ -532,13 +590,10 @@ void Communicator::allReduce(std::span<const Buffer> send, std::span<const Buffe
     checkOp(op, "allReduce");
     checkSpans(s, send, recv, "allReduce");
     const uint64_t bytes = bytesOf(count, type, 1, "allReduce");
+    checkAllParts(s, BP_COLLECTIVE_ALL_REDUCE, send, bytes, recv, bytes, "allReduce");
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_ALL_REDUCE, send, recv, count, type, op, 0, bytes, bytes,
                          "allReduce");
-    for (size_t i = 0; i < s.servers.size(); ++i) {
-        detail::checkBufferRange(send[i], 0, bytes, "Communicator::allReduce: the send buffer");
-        detail::checkBufferRange(recv[i], 0, bytes, "Communicator::allReduce: the receive buffer");
-    }
     const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
     for (size_t i = 0; i < s.servers.size(); ++i)
         detail::writeAll(*s.servers[i], s.stream(), recv[i], result);
@@ -552,16 +607,14 @@ void Communicator::reduce(std::span<const Buffer> send, std::span<const Buffer> 
     checkSpans(s, send, recv, "reduce");
     checkRoot(s, root, "reduce");
     const uint64_t bytes = bytesOf(count, type, 1, "reduce");
+    checkAllParts(s, BP_COLLECTIVE_REDUCE, send, bytes, recv, bytes, "reduce");
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_REDUCE, send, recv, count, type, op, root, bytes, bytes,
                          "reduce");
-    for (size_t i = 0; i < s.servers.size(); ++i)
-        detail::checkBufferRange(send[i], 0, bytes, "Communicator::reduce: the send buffer");
     // Staged: the reduction reaches every process (an all-reduce), only the root writes it.
     const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
-    if (root >= s.firstRank && root < s.firstRank + s.servers.size()) {
+    if (isLocal(s, root)) {
         const size_t local = root - s.firstRank;
-        detail::checkBufferRange(recv[local], 0, bytes, "Communicator::reduce: the receive buffer");
         detail::writeAll(*s.servers[local], s.stream(), recv[local], result);
     }
 }
@@ -573,16 +626,13 @@ void Communicator::broadcast(std::span<const Buffer> send, std::span<const Buffe
     checkSpans(s, send, recv, "broadcast");
     checkRoot(s, root, "broadcast");
     const uint64_t bytes = bytesOf(count, type, 1, "broadcast");
+    checkAllParts(s, BP_COLLECTIVE_BROADCAST, send, bytes, recv, bytes, "broadcast");
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_BROADCAST, send, recv, count, type, ReduceOp::Sum, root,
                          bytes, bytes, "broadcast");
-    for (size_t i = 0; i < s.servers.size(); ++i)
-        detail::checkBufferRange(recv[i], 0, bytes, "Communicator::broadcast: the receive buffer");
     Bytes data;
-    const bool rootHere = root >= s.firstRank && root < s.firstRank + s.servers.size();
-    if (rootHere) {
+    if (isLocal(s, root)) {
         const size_t local = root - s.firstRank;
-        detail::checkBufferRange(send[local], 0, bytes, "Communicator::broadcast: the send buffer");
         data = detail::readAll(*s.servers[local], s.stream(), send[local], bytes);
     } else {
         data.assign(bytes, std::byte{0});
@@ -601,13 +651,10 @@ void Communicator::allGather(std::span<const Buffer> send, std::span<const Buffe
     checkSpans(s, send, recv, "allGather");
     const uint64_t bytes = bytesOf(count, type, 1, "allGather");
     const uint64_t total = bytesOf(count, type, s.worldSize, "allGather");
+    checkAllParts(s, BP_COLLECTIVE_ALL_GATHER, send, bytes, recv, total, "allGather");
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_ALL_GATHER, send, recv, count, type, ReduceOp::Sum, 0,
                          bytes, total, "allGather");
-    for (size_t i = 0; i < s.servers.size(); ++i) {
-        detail::checkBufferRange(send[i], 0, bytes, "Communicator::allGather: the send buffer");
-        detail::checkBufferRange(recv[i], 0, total, "Communicator::allGather: the receive buffer");
-    }
     // Each process fills its ranks' parts; a byte-wise sum over processes (zeros elsewhere)
     // assembles the whole without a variable-size gather.
     Bytes whole(total, std::byte{0});
@@ -630,14 +677,10 @@ void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const B
     checkSpans(s, send, recv, "reduceScatter");
     const uint64_t bytes = bytesOf(count, type, 1, "reduceScatter");
     const uint64_t total = bytesOf(count, type, s.worldSize, "reduceScatter");
+    checkAllParts(s, BP_COLLECTIVE_REDUCE_SCATTER, send, total, recv, bytes, "reduceScatter");
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_REDUCE_SCATTER, send, recv, count, type, op, 0, total,
                          bytes, "reduceScatter");
-    for (size_t i = 0; i < s.servers.size(); ++i) {
-        detail::checkBufferRange(send[i], 0, total, "Communicator::reduceScatter: the send buffer");
-        detail::checkBufferRange(recv[i], 0, bytes,
-                                 "Communicator::reduceScatter: the receive buffer");
-    }
     const Bytes whole = detail::reduceEverywhere(s, send, count * s.worldSize, type, op);
     for (size_t i = 0; i < s.servers.size(); ++i) {
         if (bytes == 0) continue;
@@ -647,9 +690,11 @@ void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const B
 }
 
 namespace {
-/// Native engine: a send or recv between two ranks of this process waits for groupEnd.
+
+/// Every engine: a send or recv between two ranks of this process waits for the outermost
+/// groupEnd, which issues it only when all of them pair up.
 void holdLocalP2p(CommunicatorState &s, CommunicatorState::LocalP2p p2p, const char *what) {
-    if (!s.grouped)
+    if (s.groupDepth == 0)
         detail::invalid(std::string("Communicator::") + what,
                         "ranks " + std::to_string(p2p.from) + " and " + std::to_string(p2p.to) +
                             " are both of this process: put the send and the recv in one group "
@@ -671,7 +716,34 @@ void checkLocalPairs(const std::vector<CommunicatorState::LocalP2p> &held) {
                                 std::to_string(sides.first.size()) + " message(s) to rank " +
                                 std::to_string(key.second) + ", which receives " +
                                 std::to_string(sides.second.size()) +
-                                " (or their sizes differ); nothing of them was issued");
+                                " (or their sizes differ); nothing of the group's point-to-point "
+                                "operations between ranks of this process was issued");
+}
+
+/// checkPart of a send or recv: when called, and again at groupEnd for one held until then (its
+/// stream may record by then).
+void checkPointToPoint(CommunicatorState &s, const CommunicatorState::LocalP2p &p) {
+    const Buffer *buffer = &p.buffer;
+    checkPart(s, p.local, p.stream, p.args.op, p.sending ? buffer : nullptr,
+              p.sending ? p.bytes : 0, p.sending ? nullptr : buffer, p.sending ? 0 : p.bytes,
+              p.sending ? "Communicator::send" : "Communicator::recv");
+}
+
+/// Runs the held local sends and recvs of a staged group, which pair up: every send's bytes
+/// are read first (a recv may come before its send in the group), then every recv writes the
+/// bytes of its pair's next send.
+void runStagedLocal(CommunicatorState &s, const std::vector<CommunicatorState::LocalP2p> &held) {
+    std::map<std::pair<uint32_t, uint32_t>, std::deque<Bytes>> sent;
+    for (const auto &p : held)
+        if (p.sending)
+            sent[{p.from, p.to}].push_back(
+                detail::readAll(*s.servers[p.local], p.stream, p.buffer, p.bytes));
+    for (const auto &p : held) {
+        if (p.sending) continue;
+        std::deque<Bytes> &queue = sent[{p.from, p.to}];
+        detail::writeAll(*s.servers[p.local], p.stream, p.buffer, queue.front());
+        queue.pop_front();
+    }
 }
 
 void checkPeer(const CommunicatorState &s, uint32_t peer, size_t local, const char *what) {
@@ -685,138 +757,80 @@ void checkPeer(const CommunicatorState &s, uint32_t peer, size_t local, const ch
                         "rank " + std::to_string(peer) + " cannot send to or receive from itself");
 }
 
-/// A native send (`sending`) or recv of local device `local`: issued now to another process's
-/// rank, held for groupEnd's pairing between two ranks of this process.
-void nativeP2p(CommunicatorState &s, bool sending, const Buffer &buffer, uint64_t count,
-               DataType type, uint32_t peer, size_t local, uint64_t bytes) {
-    const char *what = sending ? "Communicator::send" : "Communicator::recv";
-    bp_collective_args args{};
-    args.struct_size = sizeof(args);
-    args.op = sending ? BP_COLLECTIVE_SEND : BP_COLLECTIVE_RECV;
-    args.type = static_cast<bp_data_type>(type);
-    args.peer = peer;
-    args.count = count;
-    const Buffer *send = sending ? &buffer : nullptr;
-    const Buffer *recv = sending ? nullptr : &buffer;
-    s.servers[local]->checkCollective(send, sending ? bytes : 0, recv, sending ? 0 : bytes, what);
-    auto issue = [&s, args, buffer, bytes, local, sending, what] {
-        const Buffer *in = sending ? &buffer : nullptr;
-        const Buffer *out = sending ? nullptr : &buffer;
-        s.servers[local]->collective(s.stream(), s.comms[local].get(), args, in,
-                                     sending ? bytes : 0, out, sending ? 0 : bytes, what);
-    };
-    if (s.processOfRank[peer] != s.process) return issue();
+/// A send (`sending`) or recv of local device `local`, checked now on every engine. To a rank
+/// of this process: held for groupEnd's pairing. To another process's rank: native, issued now
+/// (inside a group the plugin holds it); staged, through the process communicator, at groupEnd
+/// inside a group.
+void pointToPoint(CommunicatorState &s, bool sending, const Buffer &buffer, uint64_t count,
+                  DataType type, uint32_t peer, size_t local) {
+    const char *verb = sending ? "send" : "recv";
+    s.checkUsable(verb);
+    checkPeer(s, peer, local, verb);
+    const uint64_t bytes = bytesOf(count, type, 1, verb);
+    const StreamId stream = s.stream();
+    CommunicatorState::LocalP2p p2p;
     const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
-    holdLocalP2p(s,
-                 {sending ? me : peer, sending ? peer : me, bytes, sending, std::move(issue)},
-                 sending ? "send" : "recv");
-}
-} // namespace
+    p2p.from = sending ? me : peer;
+    p2p.to = sending ? peer : me;
+    p2p.bytes = bytes;
+    p2p.sending = sending;
+    p2p.local = local;
+    p2p.buffer = buffer;
+    p2p.stream = stream;
+    p2p.args.struct_size = sizeof(p2p.args);
+    p2p.args.op = sending ? BP_COLLECTIVE_SEND : BP_COLLECTIVE_RECV;
+    p2p.args.type = static_cast<bp_data_type>(type);
+    p2p.args.peer = peer;
+    p2p.args.count = count;
+    checkPointToPoint(s, p2p);
+    if (s.processOfRank[peer] == s.process) return holdLocalP2p(s, std::move(p2p), verb);
 
-void Communicator::send(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
-                        size_t local) {
-    CommunicatorState &s = stateOf(state_, "send");
-    s.checkUsable("send");
-    checkPeer(s, peer, local, "send");
-    const uint64_t bytes = bytesOf(count, type, 1, "send");
-    const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
-    if (!s.staged) return nativeP2p(s, true, buffer, count, type, peer, local, bytes);
-    detail::checkBufferRange(buffer, 0, bytes, "Communicator::send: the buffer");
-    Bytes data = detail::readAll(*s.servers[local], s.stream(), buffer, bytes);
-    if (s.processOfRank[peer] == s.process) {
-        s.mailbox[{me, peer}].push_back(std::move(data));
+    const std::string what = std::string("Communicator::") + verb;
+    if (!s.staged) {
+        s.servers[local]->collective(stream, s.comms[local].get(), p2p.args,
+                                     sending ? &buffer : nullptr, sending ? bytes : 0,
+                                     sending ? nullptr : &buffer, sending ? 0 : bytes, what);
         return;
     }
-    const uint32_t to = s.processOfRank[peer];
-    if (s.grouped) {
+    const uint32_t process = s.processOfRank[peer];
+    if (sending) {
+        Bytes data = detail::readAll(*s.servers[local], stream, buffer, bytes);
+        if (s.groupDepth == 0) {
+            detail::processCollective(s, BP_COLLECTIVE_SEND, type, ReduceOp::Sum, process, data,
+                                      count, 0);
+            return;
+        }
         // Its buffers live until the group ended (see ProcessPending).
         auto pending = std::make_shared<detail::ProcessPending>();
-        s.deferred.push_back({[&s, pending, type, to, count, data = std::move(data)] {
+        s.deferred.push_back({[&s, pending, type, process, count, data = std::move(data)] {
                                   *pending = detail::postProcess(s, BP_COLLECTIVE_SEND, type,
-                                                                 ReduceOp::Sum, to, data, count, 0);
+                                                                 ReduceOp::Sum, process, data,
+                                                                 count, 0);
                               },
                               [pending] { *pending = {}; }});
         return;
     }
-    detail::processCollective(s, BP_COLLECTIVE_SEND, type, ReduceOp::Sum, to, data, count, 0);
-}
-
-void Communicator::recv(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
-                        size_t local) {
-    CommunicatorState &s = stateOf(state_, "recv");
-    s.checkUsable("recv");
-    checkPeer(s, peer, local, "recv");
-    const uint64_t bytes = bytesOf(count, type, 1, "recv");
-    const uint32_t me = s.firstRank + static_cast<uint32_t>(local);
-    if (!s.staged) return nativeP2p(s, false, buffer, count, type, peer, local, bytes);
-    detail::checkBufferRange(buffer, 0, bytes, "Communicator::recv: the buffer");
-    const bool remote = s.processOfRank[peer] != s.process;
-    if (remote && s.grouped) {
-        auto pending = std::make_shared<detail::ProcessPending>();
-        s.deferred.push_back(
-            {[&s, pending, type, from = s.processOfRank[peer], count, bytes] {
-                 *pending = detail::postProcess(s, BP_COLLECTIVE_RECV, type, ReduceOp::Sum, from,
-                                                Bytes{}, count, bytes);
-             },
-             [&s, pending, buffer, local] {
-                 detail::writeAll(*s.servers[local], s.stream(), buffer,
-                                  detail::finishProcess(s, *pending));
-             }});
+    if (s.groupDepth == 0) {
+        detail::writeAll(*s.servers[local], stream, buffer,
+                         detail::processCollective(s, BP_COLLECTIVE_RECV, type, ReduceOp::Sum,
+                                                   process, Bytes{}, count, bytes));
         return;
     }
-    auto run = [&s, buffer, bytes, count, type, peer, local, me] {
-        Bytes data;
-        if (s.processOfRank[peer] == s.process) {
-            auto &queue = s.mailbox[{peer, me}];
-            if (queue.empty())
-                detail::invalid("Communicator::recv",
-                                "rank " + std::to_string(me) + " has nothing from rank " +
-                                    std::to_string(peer) + " of the same process; call send "
-                                    "before the matching recv, or put both in a group");
-            data = std::move(queue.front());
-            queue.pop_front();
-            if (data.size() != bytes)
-                detail::invalid("Communicator::recv",
-                                "rank " + std::to_string(peer) + " sent " +
-                                    std::to_string(data.size()) + " bytes, rank " +
-                                    std::to_string(me) + " expects " + std::to_string(bytes));
-        } else {
-            data = detail::processCollective(s, BP_COLLECTIVE_RECV, type, ReduceOp::Sum,
-                                             s.processOfRank[peer], Bytes{}, count, bytes);
-        }
-        detail::writeAll(*s.servers[local], s.stream(), buffer, data);
-    };
-    if (s.grouped) s.deferred.push_back({nullptr, std::move(run)});
-    else run();
+    auto pending = std::make_shared<detail::ProcessPending>();
+    s.deferred.push_back(
+        {[&s, pending, type, process, count, bytes] {
+             *pending = detail::postProcess(s, BP_COLLECTIVE_RECV, type, ReduceOp::Sum, process,
+                                            Bytes{}, count, bytes);
+         },
+         [&s, pending, buffer, local, stream] {
+             detail::writeAll(*s.servers[local], stream, buffer,
+                              detail::finishProcess(s, *pending));
+         }});
 }
 
-void Communicator::groupStart() {
-    CommunicatorState &s = stateOf(state_, "groupStart");
-    if (s.grouped) detail::invalid("Communicator::groupStart", "a group is already open");
-    if (!s.staged) s.servers[0]->driver().commGroup(true);
-    s.grouped = true;
-}
-
-void Communicator::groupEnd() {
-    CommunicatorState &s = stateOf(state_, "groupEnd");
-    if (!s.grouped) detail::invalid("Communicator::groupEnd", "no group is open");
-    s.grouped = false;
-    if (!s.staged) {
-        std::vector<CommunicatorState::LocalP2p> held = std::move(s.localP2p);
-        s.localP2p.clear();
-        detail::Driver &driver = s.servers[0]->driver();
-        try {
-            checkLocalPairs(held);
-            for (auto &p : held) p.issue();
-        } catch (...) {
-            driver.commGroup(false);
-            throw;
-        }
-        driver.commGroup(false);
-        return;
-    }
-    std::vector<CommunicatorState::Deferred> runs = std::move(s.deferred);
-    s.deferred.clear();
+/// The staged group's operations with other processes: every post inside one group of the
+/// host plugin, then every finish in order.
+void runStagedRemote(CommunicatorState &s, std::vector<CommunicatorState::Deferred> &runs) {
     const bool posts = std::any_of(runs.begin(), runs.end(),
                                    [](const CommunicatorState::Deferred &d) { return !!d.post; });
     if (posts) {
@@ -833,6 +847,65 @@ void Communicator::groupEnd() {
     }
     for (auto &run : runs)
         if (run.finish) run.finish();
+}
+
+} // namespace
+
+void Communicator::send(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
+                        size_t local) {
+    pointToPoint(stateOf(state_, "send"), true, buffer, count, type, peer, local);
+}
+
+void Communicator::recv(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
+                        size_t local) {
+    pointToPoint(stateOf(state_, "recv"), false, buffer, count, type, peer, local);
+}
+
+void Communicator::groupStart() {
+    CommunicatorState &s = stateOf(state_, "groupStart");
+    if (s.groupDepth == 0 && !s.staged) s.servers[0]->driver().commGroup(true);
+    ++s.groupDepth;
+}
+
+void Communicator::groupEnd() {
+    CommunicatorState &s = stateOf(state_, "groupEnd");
+    if (s.groupDepth == 0) detail::invalid("Communicator::groupEnd", "no group is open");
+    if (--s.groupDepth > 0) return;
+    std::vector<CommunicatorState::LocalP2p> held = std::move(s.localP2p);
+    s.localP2p.clear();
+    std::vector<CommunicatorState::Deferred> runs = std::move(s.deferred);
+    s.deferred.clear();
+    // The local sends and recvs are checked as a whole before any of them runs; refused, none
+    // runs, and the rest of the group (collectives, operations with other processes, which
+    // those processes expect) is still issued before the refusal is thrown, as on NCCL.
+    std::exception_ptr refused;
+    try {
+        checkLocalPairs(held);
+        for (const auto &p : held) checkPointToPoint(s, p);
+    } catch (...) {
+        refused = std::current_exception();
+        held.clear();
+    }
+    if (!s.staged) {
+        detail::Driver &driver = s.servers[0]->driver();
+        try {
+            for (const auto &p : held) {
+                const Buffer *buffer = &p.buffer;
+                s.servers[p.local]->collective(
+                    p.stream, s.comms[p.local].get(), p.args, p.sending ? buffer : nullptr,
+                    p.sending ? p.bytes : 0, p.sending ? nullptr : buffer, p.sending ? 0 : p.bytes,
+                    p.sending ? "Communicator::send" : "Communicator::recv");
+            }
+        } catch (...) {
+            driver.commGroup(false);
+            throw;
+        }
+        driver.commGroup(false);
+    } else {
+        runStagedRemote(s, runs);
+        runStagedLocal(s, held);
+    }
+    if (refused) std::rethrow_exception(refused);
 }
 
 } // namespace backplane

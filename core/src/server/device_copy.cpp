@@ -138,14 +138,11 @@ void ComputeServer::copyStagedTo(StreamId stream, const Buffer &src, uint64_t sr
 
 namespace backplane::detail {
 
+// The Communicator runs these checks on every local rank before any rank's part is issued, on
+// the staged engine too, whose devices may lack asynchronous streams: that is collective()'s.
 void ComputeServer::checkCollective(const Buffer *send, uint64_t sendBytes, const Buffer *recv,
                                     uint64_t recvBytes, const std::string &what) const {
     checkAlive();
-    if (!multi_)
-        throw Error(ErrorCode::Unsupported,
-                    what + ": " + info().id() +
-                        " has no asynchronous streams; collectives need them",
-                    info().backend);
     for (const auto &[buffer, bytes, side] :
          {std::tuple{send, sendBytes, ": the send buffer"},
           std::tuple{recv, recvBytes, ": the receive buffer"}}) {
@@ -163,6 +160,11 @@ void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_arg
                                const Buffer *send, uint64_t sendBytes, const Buffer *recv,
                                uint64_t recvBytes, const std::string &what) {
     refuseWhileRecording(stream, "a collective");
+    if (!multi_)
+        throw Error(ErrorCode::Unsupported,
+                    what + ": " + info().id() +
+                        " has no asynchronous streams; collectives need them",
+                    info().backend);
     checkCollective(send, sendBytes, recv, recvBytes, what);
     boost::container::small_vector<SlicePtr, 2> slices;
     if (send != nullptr) {
