@@ -155,13 +155,11 @@ HostMemory::~HostMemory() {
 }
 
 HostDevice::HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
-                       std::function<void()> onClose)
+                       std::shared_ptr<std::atomic<uint64_t>> allocated)
     : info_(info), plugin_(plugin), options_(options), async_(options.async),
-      pool_(options.workers), onClose_(std::move(onClose)) {}
+      allocated_(std::move(allocated)), allocatedBytes_(*allocated_), pool_(options.workers) {}
 
-HostDevice::~HostDevice() {
-    if (onClose_) onClose_();
-}
+HostDevice::~HostDevice() = default;
 
 void HostDevice::releaseBytes(uint64_t bytes) noexcept {
     allocatedBytes_.fetch_sub(bytes, std::memory_order_relaxed);

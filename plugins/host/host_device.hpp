@@ -83,10 +83,11 @@ class HostDevice final : public sdk::Device {
 public:
     /// `info` is what device_info reported; `plugin` identifies the plugin instance (compared,
     /// never dereferenced: devices of one instance are peers); `options` are the plugin's (the
-    /// collectives' addresses); `onClose` runs in the destructor (the plugin uses it to allow
-    /// opening the device again).
+    /// collectives' addresses); `allocated` counts the bytes allocated on this device index,
+    /// shared by every open of it, so that each open is an independent client while the
+    /// "memory_bytes" budget holds for the device as a whole.
     HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
-               std::function<void()> onClose);
+               std::shared_ptr<std::atomic<uint64_t>> allocated);
     ~HostDevice() override;
     HostDevice(const HostDevice &) = delete;
     HostDevice &operator=(const HostDevice &) = delete;
@@ -155,9 +156,9 @@ private:
     const void *plugin_;
     const HostOptions options_;
     const bool async_;
-    std::atomic<uint64_t> allocatedBytes_{0};
+    std::shared_ptr<std::atomic<uint64_t>> allocated_;
+    std::atomic<uint64_t> &allocatedBytes_; ///< *allocated_
     WorkgroupPool pool_;
-    std::function<void()> onClose_;
 };
 
 } // namespace backplane::host

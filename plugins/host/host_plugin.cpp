@@ -63,7 +63,9 @@ public:
     static constexpr const char *kVersion = "1.0.0";
 
     explicit HostPlugin(const bp_plugin_init_args &args)
-        : Plugin(args), options_(parseHostOptions(optionsJson())), open_(options_.devices, false) {
+        : Plugin(args), options_(parseHostOptions(optionsJson())) {
+        for (uint32_t i = 0; i < options_.devices; ++i)
+            allocated_.push_back(std::make_shared<std::atomic<uint64_t>>(0));
         if (options_.workers == 0)
             options_.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
         info_ = describeDevice();
@@ -96,25 +98,9 @@ public:
             throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
                              "device_open: flags must be 0 in ABI 1.0, got " +
                                  std::to_string(args.flags));
-        const bp_device_info info = deviceInfo(index);
-        {
-            std::lock_guard lock(mutex_);
-            if (open_[index])
-                throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "device_open: host device " +
-                                                                std::to_string(index) +
-                                                                " is already open; close it first");
-            open_[index] = true;
-        }
-        auto onClose = [this, index] {
-            std::lock_guard lock(mutex_);
-            open_[index] = false;
-        };
-        try {
-            return std::make_unique<HostDevice>(info, this, options_, onClose);
-        } catch (...) {
-            onClose();
-            throw;
-        }
+        // Every open is an independent client of the device (as on Vulkan and CUDA); the
+        // memory budget is the device's, shared by its opens.
+        return std::make_unique<HostDevice>(deviceInfo(index), this, options_, allocated_[index]);
     }
 
 #ifdef BACKPLANE_HOST_GLOO
@@ -174,8 +160,8 @@ private:
 
     HostOptions options_;
     bp_device_info info_{};
-    std::mutex mutex_;
-    std::vector<bool> open_; ///< guarded by mutex_
+    /// Bytes allocated per device index, shared by every open of it (immutable list).
+    std::vector<std::shared_ptr<std::atomic<uint64_t>>> allocated_;
 #ifdef BACKPLANE_HOST_GLOO
     CommIdMaker commIds_{
         options_, [this](bp_log_level level, const std::string &message) { log(level, message); }};

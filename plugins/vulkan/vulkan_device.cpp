@@ -1016,7 +1016,9 @@ void VulkanDevice::recordLaunch(Recorder &r, const bp_launch_args &args) {
             return std::to_string(n) + " " + (n == 1 ? one : many);
         };
         const uint32_t needed = kernel.bindingCount();
-        fail(BP_ERROR_LAUNCH,
+        // The caller's arguments, not the binary: INVALID_ARGUMENT keeps the core from taking
+        // it for a bad cached binary (only LAUNCH and COMPILE are the binary's).
+        fail(BP_ERROR_INVALID_ARGUMENT,
              "the shader needs " +
                  plural(needed, "storage-buffer binding", "storage-buffer bindings") +
                  (needed == 1  ? std::string(" (set 0, binding 0)")

@@ -34,6 +34,9 @@ struct PhysicalDevice {
     bool pushDescriptor = false; ///< VK_KHR_push_descriptor is there (and not disabled)
     uint32_t batchCommands = 64;  ///< commands per submit (plugin option "batch_commands")
     bool shaderCopy = false;      ///< device->device copies through a compute shader
+    /// shaderSignedZeroInfNanPreserveFloat32: generated GLSL may ask the compiler to keep
+    /// signed zeros, infinities and NaNs (0 * inf stays NaN instead of folding to 0).
+    bool preserveFloatSpecials = false;
 };
 
 /// The plugin's VkInstance and what it found. Created on the first probe.

@@ -141,6 +141,14 @@ void VulkanDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutpu
                                            shaderc_env_version_vulkan_1_2);
     shaderc_compile_options_set_optimization_level(sc.options,
                                                    shaderc_optimization_level_performance);
+    // Generated kernels (backplane/lang.hpp) ask for IEEE signed zeros, infinities and NaNs
+    // under this macro (SPIR-V SignedZeroInfNanPreserve): only where the device supports it,
+    // since a module with a capability the device lacks must not reach its driver.
+    if (physical_.preserveFloatSpecials) {
+        static constexpr char kPreserve[] = "BP_PRESERVE_FLOAT_SPECIALS";
+        shaderc_compile_options_add_macro_definition(sc.options, kPreserve, sizeof kPreserve - 1,
+                                                     "1", 1);
+    }
     for (uint32_t i = 0; i < args.option_count; ++i) {
         const std::string option = args.options[i] ? args.options[i] : "";
         if (option.rfind("-D", 0) == 0 && option.size() > 2) {

@@ -274,11 +274,13 @@ void Instance::enumerate(bool pushDescriptors) {
         auto push = vkStruct<VkPhysicalDevicePushDescriptorPropertiesKHR>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PUSH_DESCRIPTOR_PROPERTIES_KHR);
         auto driver = vkStruct<VkPhysicalDeviceDriverProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES);
         auto props11 = vkStruct<VkPhysicalDeviceVulkan11Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_PROPERTIES);
+        auto props12 = vkStruct<VkPhysicalDeviceVulkan12Properties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_PROPERTIES);
         auto ids = vkStruct<VkPhysicalDeviceIDProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES);
         auto props2 = vkStruct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
         props2.pNext = &ids;
         ids.pNext = &props11;
-        props11.pNext = &driver;
+        props11.pNext = &props12;
+        props12.pNext = &driver;
         void **tail = &driver.pNext;
         if (pciInfo) {
             *tail = &pci;
@@ -289,6 +291,7 @@ void Instance::enumerate(bool pushDescriptors) {
         library_.vkGetPhysicalDeviceMemoryProperties(handle, &d.memory);
         const VkPhysicalDeviceLimits &limits = d.properties.limits;
         d.maxStorageBufferRange = limits.maxStorageBufferRange;
+        d.preserveFloatSpecials = props12.shaderSignedZeroInfNanPreserveFloat32 == VK_TRUE;
 
         bp_device_info &info = d.info;
         info = sdk::makeStruct<bp_device_info>();

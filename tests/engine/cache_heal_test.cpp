@@ -318,44 +318,36 @@ TEST_CASE("callers holding the same failed binary share one recompile and get th
     CHECK(CacheStore(dir.path()).load(CacheKind::Kernels, good.key) == good.payload);
 }
 
-TEST_CASE("a launch error the fresh binary repeats is reported once with the discarded file") {
+TEST_CASE("a disk-cached kernel launched with too few bindings keeps its cache file") {
+    // The plugin refuses a launch that does not match the shader's interface (reflected at
+    // load): that is the caller's error (InvalidArgument), never a reason to evict the binary.
     TempDir dir;
     const KernelEntry good = primeCache(dir.path());
-    const uint32_t tooLarge = gDevice.maxBlockSize[0] + 1;
-
     CacheWarnings warnings;
     ComputeClient client = openClient(dir.path());
-    // A block the device cannot run fails as a launch error whatever the binary: the cached one
-    // is given the benefit of the doubt once, then the error is the caller's.
-    std::string first;
+    Dispatch d;
+    d.block = {64, 1, 1};
+    d.grid = {1, 1, 1};
+    d.scalar(kWords); // no binding: the shader needs one
+    std::string message;
     try {
-        runIncrement(client, tooLarge);
+        client.execute(incrementKernel(), d);
+        client.sync();
     } catch (const Error &e) {
-        CHECK(std::string(toString(e.code())) == "launch");
-        first = e.what();
+        CHECK(std::string(toString(e.code())) == "invalid_argument");
+        message = e.what();
     }
-    INFO(first);
-    CHECK(first.find("block dimension 0") != std::string::npos);
-    CHECK(first.find("after discarding the cached binary " + good.file.string()) !=
-          std::string::npos);
-    CHECK(client.stats().kernelsCompiled == 1);
-
-    std::string second;
-    try {
-        runIncrement(client, tooLarge);
-    } catch (const Error &e) {
-        second = e.what();
-    }
-    CHECK(second.find("block dimension 0") != std::string::npos);
-    CHECK(second.find("discarding") == std::string::npos);
-    CHECK(client.stats().kernelsCompiled == 1);
-    CHECK(warnings.mentioning(good.file.string()) == 1);
-    // The entry holds the fresh binary, the same as before, and the kernel still runs.
+    CHECK_MESSAGE(message.find("1 storage-buffer binding") != std::string::npos, message);
+    CHECK(message.find("discarding") == std::string::npos);
+    CHECK(client.stats().diskCacheHits == 1);
+    CHECK(client.stats().kernelsCompiled == 0);
+    CHECK(warnings.messages().empty());
+    CHECK(fs::exists(good.file));
     CHECK(CacheStore(dir.path()).load(CacheKind::Kernels, good.key) == good.payload);
     CHECK(runIncrement(client) == kIncremented);
 }
 
-TEST_CASE("a launch error of a kernel compiled in this process recompiles nothing") {
+TEST_CASE("a launch over the device's block limit is refused before any compile") {
     TempDir dir;
     ComputeClient client = openClient(dir.path());
     std::string message;
@@ -367,8 +359,34 @@ TEST_CASE("a launch error of a kernel compiled in this process recompiles nothin
     }
     CHECK(message.find("block dimension 0") != std::string::npos);
     CHECK(message.find("discarding") == std::string::npos);
-    CHECK(client.stats().kernelsCompiled == 1);
+    CHECK(client.stats().kernelsCompiled == 0);
     CHECK(client.stats().diskCacheHits == 0);
+}
+
+TEST_CASE("a disk-cached kernel launched with a block over the device limit keeps its cache file") {
+    TempDir dir;
+    const KernelEntry good = primeCache(dir.path());
+    CacheWarnings warnings;
+    ComputeClient client = openClient(dir.path());
+    std::string message;
+    try {
+        runIncrement(client, gDevice.maxBlockSize[0] + 1);
+    } catch (const Error &e) {
+        CHECK(std::string(toString(e.code())) == "launch");
+        message = e.what();
+    }
+    // The caller's error, named as such, before the kernel is looked up: nothing was loaded,
+    // nothing recompiled, and the valid entry is still on disk.
+    CHECK_MESSAGE(message.find("block dimension 0") != std::string::npos, message);
+    CHECK_MESSAGE(message.find("cached") == std::string::npos, message);
+    CHECK(client.stats().kernelsCompiled == 0);
+    CHECK(fs::exists(good.file));
+    CHECK(CacheStore(dir.path()).load(CacheKind::Kernels, good.key) == good.payload);
+    CHECK(warnings.messages().empty());
+    // A valid launch afterwards comes from the disk cache.
+    CHECK(runIncrement(client) == kIncremented);
+    CHECK(client.stats().diskCacheHits == 1);
+    CHECK(client.stats().kernelsCompiled == 0);
 }
 
 namespace {

@@ -191,9 +191,10 @@ enum class Op {
     SyncAll,
     Cleanup,
     Replay,
+    Absurd,
 };
 
-constexpr size_t kOpCount = static_cast<size_t>(Op::Replay) + 1;
+constexpr size_t kOpCount = static_cast<size_t>(Op::Absurd) + 1;
 
 // Per mille.
 constexpr std::array<std::pair<Op, uint32_t>, kOpCount> kOpWeights = {{
@@ -203,7 +204,7 @@ constexpr std::array<std::pair<Op, uint32_t>, kOpCount> kOpWeights = {{
     {Op::Fill, 80},           {Op::Kernel, 105},      {Op::Recycle, 40},
     {Op::Drop, 90},           {Op::HandOff, 40},      {Op::Flush, 25},
     {Op::Sync, 25},           {Op::SyncAll, 8},       {Op::Cleanup, 2},
-    {Op::Replay, 40},
+    {Op::Replay, 40},         {Op::Absurd, 20},
 }};
 
 const char *toString(Op op) {
@@ -227,6 +228,7 @@ const char *toString(Op op) {
     case Op::SyncAll: return "sync-all";
     case Op::Cleanup: return "memory-cleanup";
     case Op::Replay: return "record-replay";
+    case Op::Absurd: return "absurd-size";
     }
     return "?";
 }
@@ -427,6 +429,7 @@ private:
             client_.memoryCleanup();
             break;
         case Op::Replay: recordAndReplay(); break;
+        case Op::Absurd: absurd(); break;
         }
     }
 
@@ -566,6 +569,47 @@ private:
         std::copy_n(src.known.data() + rs.first, rs.count, dst.known.data() + rd.first);
         // Dropping the source while the copy may still be pending.
         if (from != to && rng_.percent(15)) drop(from);
+    }
+
+    /// A call with a size or offset near 2^64 (or one whose end wraps) that must be refused
+    /// with Error before it does anything: later reads of every buffer check that nothing
+    /// changed and nothing aliased.
+    void absurd() {
+        const uint64_t near = UINT64_MAX - rng_.below(1ull << 16);
+        const uint64_t how = rng_.below(live_.empty() ? 2 : 9);
+        note("absurd size %llu, form %llu", ull(near), ull(how));
+        std::vector<uint32_t> host(16);
+        bool refusedCall = false;
+        try {
+            switch (how) {
+            case 0: (void)client_.empty(near); break;
+            case 1: {
+                const uint64_t shape[] = {near / 8 + 1, 8};
+                (void)client_.emptyTensor(shape, 1 + rng_.below(8));
+                break;
+            }
+            default: {
+                Tracked &t = *live_[pickLive()];
+                switch (how) {
+                case 2: client_.write(t.buffer, near, host.data(), 64); break;
+                case 3: client_.write(t.buffer, 4, host.data(), near); break;
+                case 4: client_.readInto(t.buffer, near & ~uint64_t{3}, host.data(), 64); break;
+                case 5: client_.copy(t.buffer, near, t.buffer, 0, 64); break;
+                case 6: client_.copy(t.buffer, 0, t.buffer, 4, near); break;
+                case 7: client_.fill(t.buffer, 0u, near & ~uint64_t{3}, 8); break;
+                default: (void)t.buffer.view(8, near); break;
+                }
+            }
+            }
+        } catch (const Error &) {
+            refusedCall = true;
+        }
+        if (!refusedCall)
+            shared_.report(shared_.mismatches,
+                           "mismatch: seed=" + std::to_string(gSettings.seed) + " thread=" +
+                               std::to_string(index_) + " op=#" + std::to_string(op_) +
+                               ": a call with size/offset " + std::to_string(near) + " (form " +
+                               std::to_string(how) + ") was accepted");
     }
 
     void fill() {

@@ -414,14 +414,26 @@ TEST_CASE("invalid options fail plugin_init with a message naming the key") {
     CHECK_THROWS_AS(loadHost(R"({"mode": 1})"), backplane::detail::PluginLoadError);
 }
 
-TEST_CASE("a device opens once at a time and reopens after close") {
-    Session session;
-    bp_device *second = nullptr;
-    auto args = makeStruct<bp_device_open_args>();
-    CHECK(session.api.device_open(session.instance(), 0, &args, &second, session.err()) ==
-          BP_ERROR_INVALID_ARGUMENT);
-    CHECK(contains(session.message(), "already open"));
-    CHECK(session.api.device_open(session.instance(), 1, &args, &second, session.err()) ==
+TEST_CASE("a second open of a device is an independent client sharing the memory budget") {
+    Session session(R"({"memory_bytes": 1048576})");
+    bp_device *second = session.openDevice(0);
+    REQUIRE(second != nullptr);
+    CHECK(second != session.device);
+    // Memory of each open works on its own; the budget is the device's.
+    const Page mine = session.allocate(600 * 1024);
+    auto args = makeStruct<bp_memory_allocate_args>();
+    args.kind = BP_MEMORY_DEVICE;
+    args.size = 600 * 1024;
+    bp_memory *memory = nullptr;
+    void *mapped = nullptr;
+    CHECK(session.api.memory_allocate(second, &args, &memory, &mapped, session.err()) ==
+          BP_ERROR_OUT_OF_MEMORY);
+    session.free(mine);
+    const Page theirs = session.allocate(600 * 1024, BP_MEMORY_DEVICE, second);
+    CHECK(theirs.mapped != nullptr);
+    auto none = makeStruct<bp_device_open_args>();
+    bp_device *missing = nullptr;
+    CHECK(session.api.device_open(session.instance(), 1, &none, &missing, session.err()) ==
           BP_ERROR_NOT_FOUND);
 }
 

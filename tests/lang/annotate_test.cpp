@@ -13,7 +13,7 @@ using namespace backplane;
 TEST_CASE("a compile error of generated code quotes the generated line it names") {
     const lang::Kernel saxpy = kernels::saxpy();
     const lang::detail::Module &m = saxpy.module();
-    // Line 4 of the CUDA text is the bounds check; line 10 of the GLSL text is the fma.
+    // Line 4 of the CUDA text is the bounds check; line 16 of the GLSL text is the fma.
     const std::string nvrtc = lang::detail::annotateCompileError(
         m, Dialect::Cuda, "saxpy.cu(4): error: identifier \"q\" is undefined");
     CHECK(nvrtc.find("generated cuda line 4 of kernel 'saxpy': ") != std::string::npos);
@@ -22,8 +22,8 @@ TEST_CASE("a compile error of generated code quotes the generated line it names"
         m, Dialect::Hip, "saxpy.hip:4:5: error: use of undeclared identifier 'q'");
     CHECK(hiprtc.find("generated hip line 4") != std::string::npos);
     const std::string glslang = lang::detail::annotateCompileError(
-        m, Dialect::Glsl, "shader: ERROR: 0:12: 'fma' : no matching overloaded function found");
-    CHECK(glslang.find("generated glsl line 12") != std::string::npos);
+        m, Dialect::Glsl, "shader: ERROR: 0:16: 'fma' : no matching overloaded function found");
+    CHECK(glslang.find("generated glsl line 16") != std::string::npos);
     CHECK(glslang.find("fma(s.s0, v7, v6)") != std::string::npos);
     // No usable line number: still says where the source is.
     const std::string none = lang::detail::annotateCompileError(m, Dialect::Cuda, "out of memory");

@@ -521,3 +521,100 @@ TEST_CASE("u32 indices wrap: lane 0's x[i - 1] is out of bounds, the other lanes
         for (uint32_t i = 0; i < 16; ++i) CHECK(z[i] == (i < 15 ? i + 1 : 0u));
     }
 }
+
+TEST_CASE("checked accesses at constant indices out of range read 0 and write nothing") {
+    // Literal indices past private and shared arrays and at 2^31 and more in a buffer: vendor
+    // compilers refuse such an index outright (glslang: "index out of range"), so the kernel must
+    // still build and behave as docs/kernels.md defines.
+    const lang::Kernel k = lang::kernel("constant_indices", [](lang::Builder &b) {
+        auto x = b.input<uint32_t>();
+        auto y = b.inout<uint32_t>();
+        auto priv = b.array<uint32_t>(4);
+        auto shared = b.shared<uint32_t>(4);
+        auto i = b.globalId().x;
+        b.If(i == 0u, [&] {
+            priv[0u] = 11u;
+            priv[7u] = 13u;    // does nothing
+            shared[3u] = 17u;
+            shared[4u] = 19u;  // does nothing
+            y[0u] = priv[0u] + priv[7u];                   // 11 + 0
+            y[1u] = shared[3u] + shared[9u];               // 17 + 0
+            y[2u] = x[0x80000000u] + x[0xffffffffu] + 1u;  // 0 + 0 + 1
+            y[0x80000000u] = 23u;                          // does nothing
+            y[0xffffffffu] = 29u;                          // does nothing
+            y[3u] = atomicAdd(y[0x90000000u], 1u) + 2u;    // 0 + 2
+            y[4u] = atomicAdd(shared[5u], 1u) + 3u;        // 0 + 3
+        });
+    }, {.checked = true});
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<uint32_t>(std::vector<uint32_t>(8, 5));
+        Buffer by = c.createFrom<uint32_t>(std::vector<uint32_t>(8, 0xdeadbeef));
+        Dispatch d = oneD(1, 1);
+        d.bindings = {bx, by};
+        REQUIRE_NOTHROW(c.execute(k, d));
+        const std::vector<uint32_t> y = c.readAs<uint32_t>(by);
+        CHECK(y[0] == 11u);
+        CHECK(y[1] == 17u);
+        CHECK(y[2] == 1u);
+        CHECK(y[3] == 2u);
+        CHECK(y[4] == 3u);
+        for (uint32_t j = 5; j < 8; ++j) CHECK(y[j] == 0xdeadbeef);
+    }
+}
+
+TEST_CASE("0 * inf, 0 * NaN and 0 * -2 under a literal zero: IEEE on every device but lavapipe") {
+    // The specials come from a buffer and meet a literal zero in the kernel: a compiler that
+    // folds x * 0 to 0 loses them. CUDA, HIP and the host keep them; generated GLSL asks for
+    // SignedZeroInfNanPreserve where the device has it. Mesa 22.3's lavapipe (Debian 12) reports
+    // the property yet folds x * 0 to +0 in its own compiler, with the execution mode, `precise`
+    // and -O0 alike (docs/kernels.md, "IEEE specials"): pinned here, so a driver that changes
+    // shows up. Values that meet at run time keep their specials there too.
+    const lang::Kernel k = lang::kernel("zero_times_specials", [](lang::Builder &b) {
+        auto x = b.input<float>();
+        auto out = b.output<float>();
+        auto i = b.globalId().x;
+        b.If(i < 3u, [&] { out[i] = Value<float>(0.0f) * x[i]; });
+    });
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> in = {inf, std::numeric_limits<float>::quiet_NaN(), -2.0f};
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<float>(in), bo = c.empty(12);
+        Dispatch d = oneD(3, 1);
+        d.bindings = {bx, bo};
+        c.execute(k, d);
+        const std::vector<float> got = c.readAs<float>(bo);
+        if (c.device().name.find("llvmpipe") != std::string::npos) {
+            for (float g : got) CHECK((g == 0.0f && !std::signbit(g)));
+            continue;
+        }
+        CHECK(std::isnan(got[0]));
+        CHECK(std::isnan(got[1]));
+        CHECK(got[2] == 0.0f);
+        CHECK(std::signbit(got[2]));
+    }
+}
+
+TEST_CASE("0 * inf, 0 * NaN and 0 * -2 met at run time are IEEE on every device") {
+    const lang::Kernel k = lang::kernel("zero_times_specials_at_run_time", [](lang::Builder &b) {
+        auto x = b.input<float>();
+        auto out = b.output<float>();
+        auto i = b.globalId().x;
+        b.If(i < 3u, [&] { out[i] = x[3u] * x[i]; });
+    });
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> in = {inf, std::numeric_limits<float>::quiet_NaN(), -2.0f, 0.0f};
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bx = c.createFrom<float>(in), bo = c.empty(12);
+        Dispatch d = oneD(3, 1);
+        d.bindings = {bx, bo};
+        c.execute(k, d);
+        const std::vector<float> got = c.readAs<float>(bo);
+        CHECK(std::isnan(got[0]));
+        CHECK(std::isnan(got[1]));
+        CHECK(got[2] == 0.0f);
+        CHECK(std::signbit(got[2]));
+    }
+}

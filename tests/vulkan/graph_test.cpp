@@ -620,7 +620,7 @@ TEST_CASE("graph ops are checked like the ordinary calls, naming the op") {
 
     StepLaunch noScalars(step, b.x, b.y, n, 1, 1);
     noScalars.args.scalar_size = 4; // the shader reads 12 bytes
-    CHECK(firstMessage(d, {graphOp(noScalars.args)}, BP_ERROR_LAUNCH).find("push constants") !=
+    CHECK(firstMessage(d, {graphOp(noScalars.args)}, BP_ERROR_INVALID_ARGUMENT).find("push constants") !=
           std::string::npos);
     StepLaunch noMemory(step, b.x, b.y, n, 1, 1);
     noMemory.bindings[1].memory = nullptr;

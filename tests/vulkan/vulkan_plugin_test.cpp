@@ -702,7 +702,7 @@ TEST_CASE("a launch without the scalars of the shader's push-constant block is r
     bp_error error{};
     {
         const auto args = launchArgs(k, bindings, 2, nullptr, 0, n / 64, 64);
-        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        CHECK(d.launch(s, args, error) == BP_ERROR_INVALID_ARGUMENT);
         MESSAGE(error.message);
         CHECK(contains(error.message, "'axpb'"));
         CHECK(contains(error.message, "2 storage-buffer bindings"));
@@ -712,7 +712,7 @@ TEST_CASE("a launch without the scalars of the shader's push-constant block is r
     {
         const uint32_t tooFew = n; // 4 of the block's 12 bytes
         const auto args = launchArgs(k, bindings, 2, &tooFew, sizeof tooFew, n / 64, 64);
-        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        CHECK(d.launch(s, args, error) == BP_ERROR_INVALID_ARGUMENT);
         INFO(error.message);
         CHECK(contains(error.message, "2 bindings and 4 scalar bytes"));
     }
@@ -747,18 +747,18 @@ TEST_CASE("a launch with fewer bindings than the shader uses is refused naming b
     bp_error error{};
     {
         const auto args = launchArgs(axpb, bindings, 1, scalars, sizeof scalars, n / 64, 64);
-        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        CHECK(d.launch(s, args, error) == BP_ERROR_INVALID_ARGUMENT);
         INFO(error.message);
         CHECK(contains(error.message, "'axpb'"));
         CHECK(contains(error.message, "2 storage-buffer bindings"));
         CHECK(contains(error.message, "1 binding and 12 scalar bytes"));
         const auto none = launchArgs(axpb, nullptr, 0, scalars, sizeof scalars, n / 64, 64);
-        CHECK(d.launch(s, none, error) == BP_ERROR_LAUNCH);
+        CHECK(d.launch(s, none, error) == BP_ERROR_INVALID_ARGUMENT);
     }
     // Bindings 0 and 2: the count is the highest binding + 1, whatever lies between.
     {
         const auto args = launchArgs(gap, bindings, 2, &n, 4, n / 64, 64);
-        CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
+        CHECK(d.launch(s, args, error) == BP_ERROR_INVALID_ARGUMENT);
         INFO(error.message);
         MESSAGE(error.message);
         CHECK(contains(error.message, "'gap'"));

@@ -127,6 +127,11 @@ private:
 class PinnedBuffer {
 public:
     PinnedBuffer() = default;
+    /// False for a default-constructed PinnedBuffer. A PinnedBuffer of 0 bytes
+    /// (allocatePinned(0)) is valid: transfers of 0 bytes with it do nothing.
+    bool valid() const noexcept { return block_ != nullptr; }
+    explicit operator bool() const noexcept { return valid(); }
+    /// The first byte (nullptr for a PinnedBuffer of 0 bytes).
     void *data() const noexcept;
     size_t size() const noexcept;
 
@@ -200,7 +205,9 @@ public:
     template <class T> Buffer createFrom(std::span<const T> values) {
         return create(values.data(), values.size_bytes());
     }
-    /// Allocates `size` uninitialised bytes. A zero-byte Buffer (size 0) takes no memory and no
+    /// Allocates `size` uninitialised bytes. More than the device's largest allocation
+    /// (DeviceInfo::maxAllocationBytes, else its memory) is Error(OutOfMemory) naming the size,
+    /// before anything is reserved. A zero-byte Buffer (size 0) takes no memory and no
     /// page: it is valid, transfers, copies and fills of 0 bytes on it do nothing, read() gives
     /// no bytes, and binding it to a kernel is Error(InvalidArgument) (it has no memory to
     /// bind), as is nativeHandle(Memory) of it.
@@ -217,7 +224,9 @@ public:
     /// Waits for the work of every stream, then returns every page that holds no live
     /// allocation, and every idle staging block, to the plugin.
     void memoryCleanup();
-    /// Allocates page-locked host memory for direct transfers.
+    /// Allocates page-locked host memory for direct transfers. `size` 0 gives a valid, empty
+    /// PinnedBuffer (like empty(0)); more than the device can pin is Error(OutOfMemory) naming
+    /// the size.
     PinnedBuffer allocatePinned(size_t size);
     /// Registers `size` bytes of the application's own memory at `data` with the device
     /// (page-locks them: cuMemHostRegister on CUDA), so that write() and readInto() of the
@@ -298,7 +307,11 @@ public:
     /// Tensors whose elements overlap (a stride too small for the dimensions inside it) are
     /// Error(InvalidArgument), as is a size that is not the tensor's.
     void writeTensor(const Tensor &tensor, const void *data, uint64_t size);
-    /// Fills `size` bytes from `offset` (multiples of 4) with a 4-byte pattern.
+    /// Fills `size` bytes from `offset` with a 4-byte pattern repeated in memory order (byte k of
+    /// the range gets byte k % 4 of `pattern` as it lies in memory). `offset` must be a multiple
+    /// of 4 (as must the view's start in its allocation); `size` may be any number of bytes, so
+    /// fill(buffer, pattern) fills every byte of any buffer. A range outside the buffer is
+    /// Error(InvalidArgument) naming it, before anything is issued.
     void fill(const Buffer &buffer, uint32_t pattern, uint64_t offset = 0,
               uint64_t size = UINT64_MAX);
 

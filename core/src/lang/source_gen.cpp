@@ -125,9 +125,30 @@ private:
         return (space == Space::Buffer ? "b" : space == Space::Var ? "x" : "a") + std::to_string(target);
     }
 
-    /// The condition under which index `index` of a checked access is in range ("" unchecked).
+    /// A constant index past a shared or private array: the access is decided here (a load
+    /// reads 0, a store does nothing), since vendor compilers refuse such an index outright.
+    bool constantOutside(Space space, uint32_t target, uint32_t index) const {
+        const Node &n = m_.nodes[index];
+        return (space == Space::Shared || space == Space::Private) && n.op == Op::Constant &&
+               n.imm >= m_.arrays[target].length;
+    }
+
+    /// `memory[index]`. GLSL turns a constant buffer index into an int and refuses one of 2^31
+    /// or more ("index out of range"): such a constant goes through a function that returns it.
+    std::string indexed(Space space, uint32_t target, uint32_t index) {
+        const Node &n = m_.nodes[index];
+        if (glsl_ && space == Space::Buffer && n.op == Op::Constant && n.imm >= 0x80000000u) {
+            helpers_.insert("bp_index");
+            return memory(space, target) + "[bp_index(" + literal(Type::U32, n.imm) + ")]";
+        }
+        return memory(space, target) + "[" + ref(index) + "]";
+    }
+
+    /// The condition under which index `index` of a checked access is in range ("" unchecked,
+    /// or when a constant index is known to be inside an array).
     std::string inRange(Space space, uint32_t target, uint32_t index) {
         if (!m_.options.checked || space == Space::Var) return "";
+        if (space != Space::Buffer && m_.nodes[index].op == Op::Constant) return "";
         if (space == Space::Buffer) return ref(index) + " < s.len" + std::to_string(target);
         return ref(index) + " < " + std::to_string(m_.arrays[target].length) + "u";
     }
@@ -165,7 +186,8 @@ private:
     std::string atomic(const Node &n) {
         static const char *names[] = {"atomicAdd", "atomicMin", "atomicMax", "atomicAnd",
                                       "atomicOr",  "atomicXor", glsl_ ? "atomicExchange" : "atomicExch"};
-        const std::string element = memory(n.space, n.imm) + "[" + ref(n.a) + "]";
+        if (constantOutside(n.space, n.imm, n.a)) return literal(n.type, 0);
+        const std::string element = indexed(n.space, n.imm, n.a);
         const std::string op = std::string(names[static_cast<int>(n.atomicOp)]) + "(" +
                                (glsl_ ? element : "&" + element) + ", " + ref(n.b) + ")";
         const std::string range = inRange(n.space, n.imm, n.a);
@@ -201,8 +223,10 @@ private:
         const bool isBool = n.type == Type::Bool && (n.a == kNone || m_.nodes[n.a].type == Type::Bool);
         switch (n.op) {
         case Op::Load: {
-            const std::string element =
-                memory(n.space, n.imm) + (n.space == Space::Var ? "" : "[" + ref(n.a) + "]");
+            if (n.space != Space::Var && constantOutside(n.space, n.imm, n.a))
+                return literal(n.type, 0);
+            const std::string element = n.space == Space::Var ? memory(n.space, n.imm)
+                                                              : indexed(n.space, n.imm, n.a);
             const std::string range = n.space == Space::Var ? "" : inRange(n.space, n.imm, n.a);
             return range.empty() ? element : "(" + range + ") ? " + element + " : " + literal(n.type, 0);
         }
@@ -277,8 +301,14 @@ private:
             break;
         }
         case StmtKind::Store: {
-            const std::string element =
-                memory(s.space, s.target) + (s.space == Space::Var ? "" : "[" + ref(s.index) + "]");
+            if (s.space != Space::Var && constantOutside(s.space, s.target, s.index)) {
+                line("// store to a" + std::to_string(s.target) + "[" + ref(s.index) +
+                     "]: past the array, does nothing");
+                break;
+            }
+            const std::string element = s.space == Space::Var
+                                            ? memory(s.space, s.target)
+                                            : indexed(s.space, s.target, s.index);
             const std::string range = s.space == Space::Var ? "" : inRange(s.space, s.target, s.index);
             line((range.empty() ? "" : "if (" + range + ") ") + element + " = " + ref(s.value) + ";");
             break;
@@ -341,6 +371,14 @@ private:
                 h += "#extension GL_KHR_shader_subgroup_basic : require\n"
                      "#extension GL_KHR_shader_subgroup_arithmetic : require\n"
                      "#extension GL_KHR_shader_subgroup_shuffle : require\n";
+            // The Vulkan plugin defines the macro where the device keeps signed zeros,
+            // infinities and NaNs on request (0 * inf = NaN, 0 * -2 = -0, as on the other
+            // targets); elsewhere the driver may fold them (docs/kernels.md).
+            h += "#ifdef BP_PRESERVE_FLOAT_SPECIALS\n"
+                 "#extension GL_EXT_spirv_intrinsics : require\n"
+                 "spirv_execution_mode(extensions = [\"SPV_KHR_float_controls\"], "
+                 "capabilities = [4466], 4461, 32);\n"
+                 "#endif\n";
             h += "layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;\n";
             for (uint32_t b = 0; b < m_.bindings.size(); ++b) {
                 const BindingDecl &d = m_.bindings[b];
@@ -380,6 +418,7 @@ private:
         auto add = [&](const char *name, const std::string &definition) {
             if (helpers_.count(name)) text += fn + definition + "\n";
         };
+        add("bp_index", u + " bp_index(" + u + " i) { return i; }");
         add("bp_div_i32", "int bp_div_i32(int a, int b) { return b == 0 ? 0 : b == -1 ? int(0u - " + u +
                               "(a)) : a / b; }");
         add("bp_rem_i32", "int bp_rem_i32(int a, int b) { return b == 0 || b == -1 ? 0 : a - b * (a / b); }");

@@ -129,6 +129,14 @@ std::shared_ptr<Slice> MemoryPool::carve(uint32_t poolIndex, Page &page, uint64_
 std::shared_ptr<Slice> MemoryPool::reserve(uint64_t size, AllocationMode mode, uint32_t slot,
                                            bool mayGrow) {
     if (size == 0) size = 1;
+    // The server refuses sizes over the device's largest allocation first; this keeps the
+    // rounding below from wrapping whoever calls.
+    if (size > layout_.maxAllocationBytes || size > UINT64_MAX - layout_.alignment)
+        throw Error(ErrorCode::OutOfMemory,
+                    "cannot allocate " + std::to_string(size) + " bytes on " +
+                        driver_->info().id() + ": larger than the device's largest allocation (" +
+                        std::to_string(layout_.maxAllocationBytes) + " bytes); split the buffer",
+                    driver_->info().backend);
     ++reservesSinceCheck_;
     const uint64_t reserved = alignUp(size, layout_.alignment);
 

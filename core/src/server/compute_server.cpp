@@ -278,6 +278,14 @@ void ComputeServer::releaseEverythingIdle() {
 
 std::shared_ptr<Slice> ComputeServer::allocate(uint32_t slot, uint64_t size) {
     checkAlive();
+    // Refused before any size arithmetic: rounding a size within the alignment of 2^64 up to
+    // the alignment would wrap to a tiny reservation under a huge Buffer::size().
+    if (size > layout_.maxAllocationBytes)
+        throw Error(ErrorCode::OutOfMemory,
+                    "cannot allocate " + std::to_string(size) + " bytes on " + info().id() +
+                        ": larger than the device's largest allocation (" +
+                        std::to_string(layout_.maxAllocationBytes) + " bytes); split the buffer",
+                    info().backend);
     // The common case: a slice of this size that this stream slot freed recently, taken from
     // its cache without the engine lock (sizes the sliced pools serve, outside persistent mode).
     if (size <= layout_.slicedMaxSlice.back() &&
@@ -418,6 +426,8 @@ void ComputeServer::memoryCleanup() { releaseEverythingIdle(); }
 
 PinnedBuffer ComputeServer::allocatePinned(size_t size) {
     checkAlive();
+    // Like empty(0): a valid PinnedBuffer of no bytes, with no page behind it.
+    if (size == 0) return PinnedBuffer(std::make_shared<PinnedBlock>(MemoryPage{}));
     return PinnedBuffer(
         std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, size)));
 }
@@ -467,6 +477,42 @@ void ComputeServer::checkDispatch(const std::string &kernelName, const Dispatch 
     }
 }
 
+void checkLaunchLimits(const DeviceInfo &d, const std::string &kernelName,
+                       const Dispatch &dispatch, bool recorded) {
+    const auto refuse = [&](const std::string &why) {
+        throw Error(ErrorCode::Launch,
+                    "kernel '" + kernelName + "' (" + (recorded ? "recorded on " : "on ") +
+                        d.id() + "): " + why,
+                    d.backend);
+    };
+    uint64_t threads = 1;
+    for (int i = 0; i < 3; ++i) {
+        if ((recorded && dispatch.block[i] == 0) ||
+            (d.maxBlockSize[i] != 0 && dispatch.block[i] > d.maxBlockSize[i]))
+            refuse("block dimension " + std::to_string(i) + " is " +
+                   std::to_string(dispatch.block[i]) + "; the device takes 1 to " +
+                   std::to_string(d.maxBlockSize[i]));
+        threads *= dispatch.block[i];
+        if (!dispatch.gridBuffer && d.maxGridSize[i] != 0 && dispatch.grid[i] > d.maxGridSize[i])
+            refuse("grid dimension " + std::to_string(i) + " is " +
+                   std::to_string(dispatch.grid[i]) + ", more than the device's " +
+                   std::to_string(d.maxGridSize[i]));
+    }
+    if (d.maxBlockThreads != 0 && threads > d.maxBlockThreads)
+        refuse("a block of " + std::to_string(threads) + " threads, more than the device's " +
+               std::to_string(d.maxBlockThreads));
+    if (d.maxBindings != 0 && dispatch.bindings.size() > d.maxBindings)
+        refuse(std::to_string(dispatch.bindings.size()) + " bindings, more than the device's " +
+               std::to_string(d.maxBindings));
+    if (d.maxScalarBytes != 0 && dispatch.scalars.size() > d.maxScalarBytes)
+        refuse(std::to_string(dispatch.scalars.size()) + " scalar bytes, more than the device's " +
+               std::to_string(d.maxScalarBytes));
+    if (d.maxSharedMemoryBytes != 0 && dispatch.sharedMemoryBytes > d.maxSharedMemoryBytes)
+        refuse(std::to_string(dispatch.sharedMemoryBytes) +
+               " bytes of dynamic shared memory, more than the device's " +
+               std::to_string(d.maxSharedMemoryBytes));
+}
+
 void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
                             const Dispatch &dispatch) {
     checkAlive();
@@ -478,6 +524,10 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     // The launch path allocates nothing on the heap for up to 16 buffers.
     boost::container::small_vector<SlicePtr, 17> slices;
     checkDispatch(kernel.name, dispatch, slices);
+    // The caller's own arguments are refused before the kernel is looked up: a launch the
+    // device refuses for them must never reach the registry's heal path, which would take it
+    // for a bad cached binary and delete a valid one.
+    checkLaunchLimits(info(), kernel.name, dispatch, false);
     // Compiling (or waiting for another thread's compile) takes no engine lock.
     bp_kernel *handle = kernels_.find(kernel);
     const uint32_t slot = slotOf(stream);

@@ -67,6 +67,15 @@ private:
 /// view); offsets are the caller's, counted from the buffer's start.
 void checkBufferRange(const Buffer &buffer, uint64_t offset, uint64_t size, const char *what);
 
+/// The device limits a plugin checks at launch (block and grid sizes, threads per block,
+/// bindings, scalar bytes, dynamic shared memory), checked by the core before a launch is issued
+/// or recorded: a caller's error fails as Error(Launch) naming the kernel and the limit, never
+/// in the plugin (where a refused launch could look like a bad binary). Limits a plugin did not
+/// report (0) are not checked. `recorded` also refuses a block dimension of 0 (a recording must
+/// fail at the recorded call, not at a replay).
+void checkLaunchLimits(const DeviceInfo &d, const std::string &kernelName,
+                       const Dispatch &dispatch, bool recorded);
+
 /// The server of one opened device. Thread-safe. Locking (docs/streams.md, "Locks"):
 /// - the engine lock `mutex_` guards the pools, the stream state and slices' hazards; under it
 ///   the server only does bookkeeping and enqueues work on plugin streams — it never waits for
@@ -138,6 +147,11 @@ public:
     void beginRecording(StreamId stream);
     Recording endRecording(StreamId stream);
     bool recording(StreamId stream);
+    /// Error(InvalidArgument) when the calling thread records on `stream`: `what` cannot be part
+    /// of a recording (also for the Communicator, which checks every rank before issuing).
+    void refuseWhileRecording(StreamId stream, const char *what) {
+        if (recordings_.load(std::memory_order_acquire) != 0) refuseRecorded(stream, what);
+    }
     void replay(StreamId stream, const Recording &recording);
     /// Drops the open recording of `thread` on `stream`, if any (its thread ended).
     void discardRecording(std::thread::id thread, StreamId stream);
@@ -202,11 +216,6 @@ private:
         return findRecording(stream);
     }
     std::shared_ptr<RecordingBuilder> findRecording(StreamId stream);
-    /// Error(InvalidArgument) when the calling thread records on `stream`: `what` cannot be part
-    /// of a recording.
-    void refuseWhileRecording(StreamId stream, const char *what) {
-        if (recordings_.load(std::memory_order_acquire) != 0) refuseRecorded(stream, what);
-    }
     void refuseRecorded(StreamId stream, const char *what);
     /// Appends a launch / copy / fill / pinned copy to `builder` (checked like the real call).
     void recordLaunch(RecordingBuilder &builder, const KernelSource &kernel,

@@ -192,48 +192,11 @@ void ComputeServer::recordOp(RecordingBuilder &builder, RecordedOp op) {
     builder.ops.push_back(std::move(op));
 }
 
-/// The device limits a plugin checks at launch, checked when a launch is recorded: a recording
-/// must fail at the recorded call, as the call would, not at endRecording() or at a replay.
-/// (Zero limits are ones the plugin did not report: not checked.)
-static void checkLaunchLimits(const DeviceInfo &d, const std::string &kernelName,
-                       const Dispatch &dispatch) {
-    const auto refuse = [&](const std::string &why) {
-        throw Error(ErrorCode::Launch, "kernel '" + kernelName + "' (recorded on " + d.id() +
-                                           "): " + why,
-                    d.backend);
-    };
-    uint64_t threads = 1;
-    for (int i = 0; i < 3; ++i) {
-        if (dispatch.block[i] == 0 || (d.maxBlockSize[i] != 0 && dispatch.block[i] > d.maxBlockSize[i]))
-            refuse("block dimension " + std::to_string(i) + " is " +
-                   std::to_string(dispatch.block[i]) + "; the device takes 1 to " +
-                   std::to_string(d.maxBlockSize[i]));
-        threads *= dispatch.block[i];
-        if (!dispatch.gridBuffer && d.maxGridSize[i] != 0 && dispatch.grid[i] > d.maxGridSize[i])
-            refuse("grid dimension " + std::to_string(i) + " is " +
-                   std::to_string(dispatch.grid[i]) + ", more than the device's " +
-                   std::to_string(d.maxGridSize[i]));
-    }
-    if (d.maxBlockThreads != 0 && threads > d.maxBlockThreads)
-        refuse("a block of " + std::to_string(threads) + " threads, more than the device's " +
-               std::to_string(d.maxBlockThreads));
-    if (d.maxBindings != 0 && dispatch.bindings.size() > d.maxBindings)
-        refuse(std::to_string(dispatch.bindings.size()) + " bindings, more than the device's " +
-               std::to_string(d.maxBindings));
-    if (d.maxScalarBytes != 0 && dispatch.scalars.size() > d.maxScalarBytes)
-        refuse(std::to_string(dispatch.scalars.size()) + " scalar bytes, more than the device's " +
-               std::to_string(d.maxScalarBytes));
-    if (dispatch.sharedMemoryBytes > d.maxSharedMemoryBytes)
-        refuse(std::to_string(dispatch.sharedMemoryBytes) +
-               " bytes of dynamic shared memory, more than the device's " +
-               std::to_string(d.maxSharedMemoryBytes));
-}
-
 void ComputeServer::recordLaunch(RecordingBuilder &builder, const KernelSource &kernel,
                                  const Dispatch &dispatch) {
     boost::container::small_vector<SlicePtr, 17> slices;
     checkDispatch(kernel.name, dispatch, slices);
-    checkLaunchLimits(info(), kernel.name, dispatch);
+    checkLaunchLimits(info(), kernel.name, dispatch, true);
     RecordedOp op;
     op.kind = BP_GRAPH_OP_LAUNCH;
     op.kernelName = kernel.name;
@@ -369,7 +332,7 @@ void ComputeServer::updateRecording(RecordingState &state, size_t launch,
                         "'; a recorded launch keeps its kernel");
     boost::container::small_vector<SlicePtr, 17> slices;
     checkDispatch(old.kernelName, dispatch, slices);
-    checkLaunchLimits(info(), old.kernelName, dispatch);
+    checkLaunchLimits(info(), old.kernelName, dispatch, true);
     const bool oldGrid = old.launch.grid_memory != nullptr;
     if (dispatch.bindings.size() != old.bindings.size())
         throw Error(ErrorCode::InvalidArgument,

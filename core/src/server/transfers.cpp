@@ -6,6 +6,7 @@
 #include "server/recording.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 namespace backplane::detail {
@@ -14,7 +15,7 @@ namespace {
 // Rejects a host transfer that does not fit the buffer (a caller error, not a plugin one).
 // A pinned transfer uses the PinnedBuffer from its start.
 void checkPinnedSize(const PinnedBuffer &pinned, uint64_t size, const char *what) {
-    if (pinned.data() == nullptr)
+    if (!pinned.valid())
         throw Error(ErrorCode::InvalidArgument,
                     std::string(what) + ": the PinnedBuffer is empty (default-constructed)");
     if (size > pinned.size())
@@ -335,6 +336,10 @@ PinnedBuffer ComputeServer::registerHost(void *data, size_t size) {
                     "registerHost: needs host memory and a size > 0 (data " +
                         std::string(data ? "set" : "null") + ", size " + std::to_string(size) +
                         ")");
+    if (reinterpret_cast<uintptr_t>(data) > UINTPTR_MAX - size)
+        throw Error(ErrorCode::InvalidArgument,
+                    "registerHost: " + std::to_string(size) +
+                        " bytes from the given address run past the end of the address space");
     // The page's owner unregisters the range when the last PinnedBuffer copy, recording or
     // pending transfer holding the block lets it go.
     return PinnedBuffer(std::make_shared<PinnedBlock>(driver_->registerHost(data, size)));
@@ -461,10 +466,12 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     checkAlive();
     const auto &slice = sliceOf(buffer, "fill");
     if (size == UINT64_MAX) size = buffer.size() - std::min(offset, buffer.size());
-    if (offset % 4 != 0 || size % 4 != 0 || offset > buffer.size() ||
-        size > buffer.size() - offset)
-        throw Error(ErrorCode::InvalidArgument, "fill: offset and size must be multiples of 4 "
-                                                "inside the buffer");
+    if (offset % 4 != 0 || offset > buffer.size() || size > buffer.size() - offset)
+        throw Error(ErrorCode::InvalidArgument,
+                    "fill: " + std::to_string(size) + " bytes at offset " + std::to_string(offset) +
+                        " of a " + std::to_string(buffer.size()) +
+                        "-byte buffer; the offset must be a multiple of 4 and the range inside "
+                        "the buffer");
     if (size == 0) return;
     offset += buffer.offset();
     if (offset % 4 != 0)
@@ -472,24 +479,45 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
                     "fill: the Buffer is a view starting at byte " +
                         std::to_string(buffer.offset()) +
                         " of its allocation; a fill must start at a multiple of 4 there");
+    // Devices fill whole 4-byte words; the last 1 to 3 bytes of a size that is not a multiple of
+    // 4 get the pattern's first bytes (in memory order) through a stream-ordered write.
+    const uint64_t words = size & ~uint64_t{3};
+    const uint64_t tail = size - words;
+    std::array<std::byte, 4> tailBytes{};
+    std::memcpy(tailBytes.data(), &pattern, 4);
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
     if (auto builder = recordingOf(stream)) {
-        RecordedOp op;
-        op.kind = BP_GRAPH_OP_FILL;
-        op.slices = {slice};
-        op.fill = {sizeof(op.fill), memory, base, size, pattern};
-        recordOp(*builder, std::move(op));
+        if (words != 0) {
+            RecordedOp op;
+            op.kind = BP_GRAPH_OP_FILL;
+            op.slices = {slice};
+            op.fill = {sizeof(op.fill), memory, base, words, pattern};
+            recordOp(*builder, std::move(op));
+        }
+        if (tail != 0) {
+            // A recording keeps what it copies from: the tail bytes live in pinned memory of
+            // the recording's own.
+            auto bytes = std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, 4));
+            std::memcpy(bytes->data(), tailBytes.data(), 4);
+            RecordedOp op;
+            op.kind = BP_GRAPH_OP_COPY_HOST_TO_DEVICE;
+            op.slices = {slice};
+            op.pinned = bytes;
+            op.toDevice = {sizeof(op.toDevice), bytes->data(), memory, base + words, tail};
+            recordOp(*builder, std::move(op));
+        }
         return;
     }
     const uint32_t slot = slotOf(stream);
-    {
+    if (words != 0) {
         std::lock_guard lock(mutex_);
         submit(slot, slices,
-               [=](bp_stream *s) { driver->fill(s, memory, base, size, pattern); });
+               [=](bp_stream *s) { driver->fill(s, memory, base, words, pattern); });
     }
+    if (tail != 0) write(stream, buffer, offset - buffer.offset() + words, tailBytes.data(), tail);
     throttle(slot);
 }
 

@@ -4,7 +4,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <thread>
+#include <vector>
 
 namespace backplane::conformance {
 namespace {
@@ -110,6 +112,8 @@ CONFORMANCE_CASE("plugin.second_instance",
                  "plugin_init creates a second, independent instance that probes and is destroyed alone") {
     Instance second{ctx.api()};
     bp_plugin_init_args args = initArgs();
+    // The options the first instance got: a plugin's device count may come from them.
+    args.options_json = ctx.optionsJson().c_str();
     bp_error error = makeError();
     succeed(ctx.api().plugin_init(&args, &second.plugin, &error), error, "a second plugin_init");
     require(second.plugin != nullptr && second.plugin != ctx.plugin(),
@@ -321,6 +325,34 @@ CONFORMANCE_CASE("device.open_close_reopen",
         stream.reset();
         ctx.closeDevice();
     }
+}
+
+CONFORMANCE_CASE("device.open_twice",
+                 "a second device_open of an open device gives an independent device: its own "
+                 "streams and memory, working while the first is open and after it closed") {
+    OpenDevice &first = ctx.device();
+    auto second = std::make_unique<OpenDevice>(ctx);
+    require(second->get() != first.get(), "the second device_open returned the first device");
+    Stream a = first.createStream();
+    Stream b = second->createStream();
+    const std::vector<uint8_t> one(4096, 0x11), two(4096, 0x22);
+    std::vector<uint8_t> back(4096);
+    const Page pb = second->pageWith(b, two);
+    {
+        const Page pa = first.pageWith(a, one);
+        first.download(a, pa, 0, back.data(), back.size());
+        first.finish(a);
+        require(back == one, "the first open's page changed under the second open's upload");
+        second->download(b, pb, 0, back.data(), back.size());
+        second->finish(b);
+        require(back == two, "the second open's page does not hold what it uploaded");
+    }
+    // Closing the first open leaves the second working.
+    a.reset();
+    ctx.closeDevice();
+    second->download(b, pb, 0, back.data(), back.size());
+    second->finish(b);
+    require(back == two, "the second open lost its page when the first closed");
 }
 
 CONFORMANCE_CASE("device.open_index_out_of_range",

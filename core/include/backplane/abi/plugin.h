@@ -560,7 +560,11 @@ typedef struct bp_plugin_api {
     /// Describes device `index` (< device_count). Cheap; no context.
     bp_status (*device_info)(bp_plugin *plugin, uint32_t index, bp_device_info *out,
                              bp_error *error);
-    /// Opens device `index`: contexts, queues. A device may be opened once per plugin instance.
+    /// Opens device `index`: contexts, queues. A device may be opened again while it is open:
+    /// each open is independent (its own streams, events, memory and kernels; closing one leaves
+    /// the others working), as Runtime::open gives each call its own ComputeClient. A plugin
+    /// may share what the device has once (its memory budget, a primary context) between them.
+    /// Conformance case device.open_twice checks it.
     bp_status (*device_open)(bp_plugin *plugin, uint32_t index, const bp_device_open_args *args,
                              bp_device **out, bp_error *error);
     /// Closes a device after the core released every memory, stream, event and kernel of it.
