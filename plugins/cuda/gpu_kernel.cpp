@@ -122,8 +122,10 @@ void GpuKernel::checkLaunch(const bp_launch_args &args) const {
     if (matches) return;
     std::vector<size_t> launched(args.binding_count, sizeof(bpv::DevicePtr));
     if (args.scalar_size > 0) launched.push_back(args.scalar_size);
+    // The caller's arguments, not the binary: INVALID_ARGUMENT keeps the core from evicting a
+    // cached binary over it (only LAUNCH and COMPILE are the binary's).
     throw sdk::Error(
-        BP_ERROR_LAUNCH,
+        BP_ERROR_INVALID_ARGUMENT,
         "kernel_launch of '" + name_ + "': the kernel takes " +
             describeParameters(parameterSizes_) + "; the launch gives " +
             std::to_string(args.binding_count) +

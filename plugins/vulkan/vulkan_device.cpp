@@ -1062,8 +1062,8 @@ void VulkanDevice::recordLaunch(Recorder &r, const bp_launch_args &args) {
             fail(BP_ERROR_INVALID_ARGUMENT,
                  "binding " + std::to_string(i) + " offset " + std::to_string(b.offset) +
                      " is not a multiple of " + std::to_string(info.binding_alignment));
-        if (size > physical_.maxStorageBufferRange)
-            fail(BP_ERROR_LAUNCH, "binding " + std::to_string(i) + " of " +
+        if (size > physical_.maxStorageBufferRange) // the caller's binding, not the binary's
+            fail(BP_ERROR_INVALID_ARGUMENT, "binding " + std::to_string(i) + " of " +
                                       std::to_string(size) +
                                       " bytes exceeds maxStorageBufferRange " +
                                       std::to_string(physical_.maxStorageBufferRange));

@@ -332,20 +332,20 @@ TEST_CASE("a launch that does not match the kernel's parameters is refused namin
     const auto message = [&] { return std::string(gpu.error().message); };
 
     // scale_add(const float *, float *, Params): two bindings and 8 scalar bytes.
-    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 0) == BP_ERROR_LAUNCH);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 0) == BP_ERROR_INVALID_ARGUMENT);
     MESSAGE(message());
     CHECK(message().find("'scale_add'") != std::string::npos);
     CHECK(message().find("3 parameters of 8, 8 and 8 bytes") != std::string::npos);
     CHECK(message().find("2 bindings and 0 scalar bytes") != std::string::npos);
-    CHECK(launchWith(gpu, s, scaleAdd, buffer, 1, 8) == BP_ERROR_LAUNCH);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 1, 8) == BP_ERROR_INVALID_ARGUMENT);
     CHECK(message().find("1 binding and 8 scalar bytes") != std::string::npos);
-    CHECK(launchWith(gpu, s, scaleAdd, buffer, 3, 8) == BP_ERROR_LAUNCH);
-    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 4) == BP_ERROR_LAUNCH);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 3, 8) == BP_ERROR_INVALID_ARGUMENT);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 4) == BP_ERROR_INVALID_ARGUMENT);
     CHECK(message().find("2 bindings and 4 scalar bytes") != std::string::npos);
-    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 16) == BP_ERROR_LAUNCH);
+    CHECK(launchWith(gpu, s, scaleAdd, buffer, 2, 16) == BP_ERROR_INVALID_ARGUMENT);
     // split_scalars(float *, unsigned): the count matches two bindings, but the second
     // parameter is 4 bytes, not a pointer.
-    CHECK(launchWith(gpu, s, split, buffer, 2, 0) == BP_ERROR_LAUNCH);
+    CHECK(launchWith(gpu, s, split, buffer, 2, 0) == BP_ERROR_INVALID_ARGUMENT);
     CHECK(message().find("2 parameters of 8 and 4 bytes") != std::string::npos);
     // The matching launches run; the stream is intact after the refusals.
     gpu.expectOk(launchWith(gpu, s, split, buffer, 1, 4), "kernel_launch split_scalars");

@@ -389,6 +389,27 @@ TEST_CASE("a disk-cached kernel launched with a block over the device limit keep
     CHECK(client.stats().kernelsCompiled == 0);
 }
 
+TEST_CASE("a disk-cached kernel launched with a zero block dimension runs nothing and keeps its "
+          "cache file") {
+    TempDir dir;
+    const KernelEntry good = primeCache(dir.path());
+    CacheWarnings warnings;
+    ComputeClient client = openClient(dir.path());
+    Buffer x = client.createFrom<uint32_t>(std::vector<uint32_t>(kWords, 5));
+    Dispatch d;
+    d.block = {0};
+    d.grid = {1};
+    d.bindings = {x};
+    d.scalar(kWords);
+    CHECK_NOTHROW(client.execute(incrementKernel(), d));
+    CHECK(client.readAs<uint32_t>(x) == std::vector<uint32_t>(kWords, 5));
+    CHECK(client.stats().kernelsCompiled == 0);
+    CHECK(warnings.messages().empty());
+    CHECK(fs::exists(good.file));
+    CHECK(runIncrement(client) == kIncremented);
+    CHECK(client.stats().diskCacheHits == 1);
+}
+
 namespace {
 
 int runTests(int argc, char **argv) {

@@ -7,6 +7,7 @@
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>
+#include <backplane/lang.hpp>
 #include <backplane/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -272,5 +273,67 @@ TEST_CASE("fill(buffer, pattern) fills every byte of a buffer whose size is not 
         // An offset that is not a multiple of 4 stays refused, naming the offset.
         Buffer b = client.empty(16);
         refused([&] { client.fill(b, 1u, 2, 4); }, 2, {ErrorCode::InvalidArgument});
+    });
+}
+
+TEST_CASE("a recorded fill whose tail cannot get pinned memory records nothing") {
+    // A small host device whose pinned memory is used up: the fill's 4-byte tail block fails,
+    // and the fill of the whole words before it must not stay in the recording.
+    for (const char *mode : {"async", "sync"}) {
+        CAPTURE(mode);
+        Config config;
+        config.pluginPathOverride = {MANIFESTS};
+        config.probeMode = ProbeMode::InProcess;
+        config.cacheEnabled = false;
+        config.pluginOptions["host"] =
+            std::string(R"({"workers":1,"memory_bytes":16777216,"mode":")") + mode + "\"}";
+        const Runtime r(config);
+        ComputeClient c = r.open(r.select("host"));
+        Buffer b = c.createFrom<uint32_t>(std::vector<uint32_t>(16, 0x11111111u));
+        c.sync();
+        std::vector<PinnedBuffer> hog;
+        for (uint64_t size = 1u << 24; size != 0; size /= 2)
+            for (;;) {
+                try {
+                    hog.push_back(c.allocatePinned(size));
+                } catch (const Error &) {
+                    break;
+                }
+            }
+        c.beginRecording();
+        CHECK_THROWS_AS(c.fill(b, 0xaabbccddu, 0, 5), Error);
+        const Recording recording = c.endRecording();
+        CHECK(recording.operations() == 0);
+        c.replay(recording);
+        CHECK(c.readAs<uint32_t>(b) == std::vector<uint32_t>(16, 0x11111111u));
+    }
+}
+
+TEST_CASE("a launch with a zero block or shared memory the device lacks leaves the device usable") {
+    // Host sync runs launches later, on its scheduler: a refusal there used to lose the device.
+    const lang::Kernel k = lang::kernel("sizes_set_one", [](lang::Builder &b) {
+        auto out = b.inout<uint32_t>();
+        out[b.globalId().x] = 1u;
+    });
+    forEachClient([&](ComputeClient &client) {
+        Buffer out = client.createFrom<uint32_t>(std::vector<uint32_t>(4, 0));
+        Dispatch zero;
+        zero.grid = {4};
+        zero.block = {0};
+        zero.bindings = {out};
+        CHECK_NOTHROW(client.execute(k, zero));
+        client.sync();
+        CHECK(client.readAs<uint32_t>(out) == std::vector<uint32_t>(4, 0));
+        Dispatch shared;
+        shared.grid = {4};
+        shared.bindings = {out};
+        shared.sharedMemoryBytes = client.device().maxSharedMemoryBytes + 64;
+        CHECK_THROWS_AS(client.execute(k, shared), Error);
+        client.sync();
+        Dispatch fine;
+        fine.grid = {4};
+        fine.bindings = {out};
+        client.execute(k, fine);
+        CHECK(client.readAs<uint32_t>(out) == std::vector<uint32_t>(4, 1));
     });
 }

@@ -618,3 +618,32 @@ TEST_CASE("0 * inf, 0 * NaN and 0 * -2 met at run time are IEEE on every device"
         CHECK(std::signbit(got[2]));
     }
 }
+
+TEST_CASE("grid = {4} and block = {2} leave the other dimensions 1: 4 workgroups of 2 run") {
+    const lang::Kernel k = lang::kernel("grid_defaults", [](lang::Builder &b) {
+        auto out = b.inout<uint32_t>();
+        auto i = b.globalId().x;
+        out[i] = i + 1u;
+    });
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bo = c.createFrom<uint32_t>(std::vector<uint32_t>(8, 0));
+        Dispatch d;
+        d.grid = {4};
+        d.block = {2};
+        CHECK(d.grid[1] == 1u);
+        CHECK(d.block[2] == 1u);
+        d.bindings = {bo};
+        c.execute(k, d);
+        const std::vector<uint32_t> got = c.readAs<uint32_t>(bo);
+        for (uint32_t i = 0; i < 8; ++i) CHECK(got[i] == i + 1);
+        // A zero given on purpose stays a no-op.
+        Buffer none = c.createFrom<uint32_t>(std::vector<uint32_t>(8, 0));
+        Dispatch zero;
+        zero.grid = {4, 0};
+        zero.block = {2};
+        zero.bindings = {none};
+        c.execute(k, zero);
+        for (uint32_t v : c.readAs<uint32_t>(none)) CHECK(v == 0u);
+    }
+}

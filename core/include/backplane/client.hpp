@@ -162,7 +162,9 @@ public:
     Recording() = default;
     /// False for a default-constructed Recording.
     explicit operator bool() const noexcept { return state_ != nullptr; }
-    /// Operations recorded (launches, copies, fills).
+    /// Operations recorded (launches, copies, fills). A fill whose size is not a multiple of 4
+    /// counts as two: the whole words, then a copy of the last bytes from 4 bytes of pinned
+    /// memory the recording holds.
     size_t operations() const;
     /// Launches recorded; update() numbers them from 0 in recording order.
     size_t launches() const;

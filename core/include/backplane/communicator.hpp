@@ -186,7 +186,8 @@ public:
     /// process, on every engine: both must be inside a group (groupStart ... groupEnd), and are
     /// issued at the outermost groupEnd only when that group's sends and recvs between ranks of
     /// this process pair up exactly (per sender and receiver, the same number of messages of
-    /// the same sizes, in order). Outside a group such a call is Error(InvalidArgument).
+    /// the same element count and type, in order). Outside a group such a call is
+    /// Error(InvalidArgument).
     void send(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,
               size_t local = 0);
     void recv(const Buffer &buffer, uint64_t count, DataType type, uint32_t peer,

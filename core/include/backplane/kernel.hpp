@@ -84,18 +84,29 @@ struct KernelSource {
     std::vector<KernelVariant> variants;
 };
 
+/// Three launch dimensions (x, y, z) where a dimension not given is 1: `grid = {4}` is
+/// {4, 1, 1} and `block = {16, 16}` is {16, 16, 1}, in every initializer and constructor form (a
+/// plain std::array would make the missing ones 0, and a launch with a zero dimension runs
+/// nothing). A 0 given on purpose stays 0: a launch with no workgroups is a documented no-op.
+/// Indexes, iterates and compares like the std::array it is.
+struct Dims3 : std::array<uint32_t, 3> {
+    constexpr Dims3(uint32_t x = 1, uint32_t y = 1, uint32_t z = 1) noexcept
+        : std::array<uint32_t, 3>{x, y, z} {}
+    constexpr Dims3(const std::array<uint32_t, 3> &xyz) noexcept : std::array<uint32_t, 3>(xyz) {}
+};
+
 /// One launch. Bindings are passed in order; scalars are packed like a C struct with natural
 /// alignment (see docs/streams.md ("Kernels") for how each dialect receives them).
 struct Dispatch {
-    /// Workgroups per dimension (ignored when gridBuffer is set).
-    std::array<uint32_t, 3> grid{1, 1, 1};
+    /// Workgroups per dimension (ignored when gridBuffer is set); missing dimensions are 1.
+    Dims3 grid;
     /// Optional indirect grid: three uint32 read at execution time from gridBuffer + gridOffset
     /// (needs BP_CAPABILITY_INDIRECT_DISPATCH; gridOffset a multiple of 4 with the 12 bytes
     /// inside gridBuffer, else Error(InvalidArgument)).
     Buffer gridBuffer;
     uint64_t gridOffset = 0;
-    /// Threads per workgroup.
-    std::array<uint32_t, 3> block{1, 1, 1};
+    /// Threads per workgroup; missing dimensions are 1.
+    Dims3 block;
     /// Buffers in binding order; each binds its whole slice.
     std::vector<Buffer> bindings;
     /// Packed scalar bytes; use scalar() to append.

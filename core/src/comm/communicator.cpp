@@ -318,8 +318,12 @@ Communicator Communicator::create(const Runtime &runtime, std::vector<ComputeCli
         std::move(devices), rendezvous, std::move(options),
         [&]() -> std::optional<ComputeClient> {
             // Reuse one of the devices when it is a host-plugin one, else open the host plugin's.
+            // (Only one whose streams are asynchronous: a sync-mode host device has no Gloo.)
             for (const ComputeClient &c : given)
-                if (c.device().backend == "host") return c;
+                if (c.device().backend == "host" &&
+                    (c.device().capabilities & BP_CAPABILITY_ASYNC_STREAMS) != 0 &&
+                    (c.device().capabilities & BP_CAPABILITY_COLLECTIVES) != 0)
+                    return c;
             try {
                 return runtime.open(runtime.select("host"));
             } catch (const Error &e) {
@@ -705,10 +709,15 @@ void holdLocalP2p(CommunicatorState &s, CommunicatorState::LocalP2p p2p, const c
 
 /// The held sends and recvs pair up exactly (each send with a recv of the same size, in order).
 void checkLocalPairs(const std::vector<CommunicatorState::LocalP2p> &held) {
-    std::map<std::pair<uint32_t, uint32_t>, std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>
+    // A message is its element count and type: every engine pairs on both (the Gloo engine
+    // refuses a recv of another type at run time, and loses the communicator doing so).
+    using Message = std::pair<uint64_t, int>;
+    std::map<std::pair<uint32_t, uint32_t>, std::pair<std::vector<Message>, std::vector<Message>>>
         pairs;
-    for (const auto &p : held)
-        (p.sending ? pairs[{p.from, p.to}].first : pairs[{p.from, p.to}].second).push_back(p.bytes);
+    for (const auto &p : held) {
+        const Message m{p.args.count, static_cast<int>(p.args.type)};
+        (p.sending ? pairs[{p.from, p.to}].first : pairs[{p.from, p.to}].second).push_back(m);
+    }
     for (const auto &[key, sides] : pairs)
         if (sides.first != sides.second)
             detail::invalid("Communicator::groupEnd",
@@ -716,8 +725,9 @@ void checkLocalPairs(const std::vector<CommunicatorState::LocalP2p> &held) {
                                 std::to_string(sides.first.size()) + " message(s) to rank " +
                                 std::to_string(key.second) + ", which receives " +
                                 std::to_string(sides.second.size()) +
-                                " (or their sizes differ); nothing of the group's point-to-point "
-                                "operations between ranks of this process was issued");
+                                " (or their counts or types differ); nothing of the group's "
+                                "point-to-point operations between ranks of this process was "
+                                "issued");
 }
 
 /// checkPart of a send or recv: when called, and again at groupEnd for one held until then (its

@@ -507,7 +507,7 @@ void checkLaunchLimits(const DeviceInfo &d, const std::string &kernelName,
     if (d.maxScalarBytes != 0 && dispatch.scalars.size() > d.maxScalarBytes)
         refuse(std::to_string(dispatch.scalars.size()) + " scalar bytes, more than the device's " +
                std::to_string(d.maxScalarBytes));
-    if (d.maxSharedMemoryBytes != 0 && dispatch.sharedMemoryBytes > d.maxSharedMemoryBytes)
+    if (dispatch.sharedMemoryBytes > d.maxSharedMemoryBytes) // 0: the device has none
         refuse(std::to_string(dispatch.sharedMemoryBytes) +
                " bytes of dynamic shared memory, more than the device's " +
                std::to_string(d.maxSharedMemoryBytes));
@@ -528,6 +528,10 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     // device refuses for them must never reach the registry's heal path, which would take it
     // for a bad cached binary and delete a valid one.
     checkLaunchLimits(info(), kernel.name, dispatch, false);
+    // A zero dimension given on purpose launches nothing (docs/streams.md, "Kernels"): no
+    // compile, no plugin call, on every device alike.
+    const auto zero = [](const Dims3 &d) { return d[0] == 0 || d[1] == 0 || d[2] == 0; };
+    if (zero(dispatch.block) || (!dispatch.gridBuffer && zero(dispatch.grid))) return;
     // Compiling (or waiting for another thread's compile) takes no engine lock.
     bp_kernel *handle = kernels_.find(kernel);
     const uint32_t slot = slotOf(stream);

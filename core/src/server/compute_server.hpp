@@ -70,9 +70,10 @@ void checkBufferRange(const Buffer &buffer, uint64_t offset, uint64_t size, cons
 /// The device limits a plugin checks at launch (block and grid sizes, threads per block,
 /// bindings, scalar bytes, dynamic shared memory), checked by the core before a launch is issued
 /// or recorded: a caller's error fails as Error(Launch) naming the kernel and the limit, never
-/// in the plugin (where a refused launch could look like a bad binary). Limits a plugin did not
-/// report (0) are not checked. `recorded` also refuses a block dimension of 0 (a recording must
-/// fail at the recorded call, not at a replay).
+/// in the plugin (where a refused launch could look like a bad binary). Size limits a plugin
+/// did not report (0) are not checked; a dynamic shared memory limit of 0 means none. `recorded`
+/// also refuses a block dimension of 0 (a recording must fail at the recorded call, not at a
+/// replay; an unrecorded launch with a zero dimension is a no-op).
 void checkLaunchLimits(const DeviceInfo &d, const std::string &kernelName,
                        const Dispatch &dispatch, bool recorded);
 

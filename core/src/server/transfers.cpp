@@ -490,6 +490,13 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
     if (auto builder = recordingOf(stream)) {
+        // A recording keeps what it copies from: the tail bytes live in pinned memory of the
+        // recording's own, allocated before anything is recorded (a failure records nothing).
+        std::shared_ptr<PinnedBlock> bytes;
+        if (tail != 0) {
+            bytes = std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, 4));
+            std::memcpy(bytes->data(), tailBytes.data(), 4);
+        }
         if (words != 0) {
             RecordedOp op;
             op.kind = BP_GRAPH_OP_FILL;
@@ -498,10 +505,6 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
             recordOp(*builder, std::move(op));
         }
         if (tail != 0) {
-            // A recording keeps what it copies from: the tail bytes live in pinned memory of
-            // the recording's own.
-            auto bytes = std::make_shared<PinnedBlock>(driver_->allocate(BP_MEMORY_PINNED_HOST, 4));
-            std::memcpy(bytes->data(), tailBytes.data(), 4);
             RecordedOp op;
             op.kind = BP_GRAPH_OP_COPY_HOST_TO_DEVICE;
             op.slices = {slice};
