@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <mutex>
+#include <utility>
 
 namespace backplane::gpu {
 namespace {
@@ -14,6 +15,57 @@ int attribute(const bpv::Driver &d, bpv::Attribute a, bpv::DeviceId dev) {
     int value = 0;
     check(d, bpv::deviceAttribute(d, &value, a, dev));
     return value;
+}
+
+constexpr uint32_t bit(bp_element_type t) { return 1u << t; }
+
+void addShape(bp_device_info &info, uint16_t m, uint16_t n, uint16_t k, bp_element_type in,
+              bp_element_type accumulator) {
+    if (info.matrix_shape_count == BP_MAX_MATRIX_SHAPES) return;
+    bp_matrix_shape &shape = info.matrix_shapes[info.matrix_shape_count++];
+    shape = bp_matrix_shape{};
+    shape.m = m;
+    shape.n = n;
+    shape.k = k;
+    shape.a = shape.b = static_cast<uint8_t>(in);
+    shape.c = static_cast<uint8_t>(accumulator);
+}
+
+/// What kernels may use on a device of compute capability major.minor (ABI 1.4). The rules are
+/// NVIDIA's. HIP reports AMD's own numbers through the same attributes (gfx90a: 9.0, gfx1100:
+/// 11.0), so on AMD every rule passes: HIP's headers offer the same types and atomics there,
+/// but whether a chip computes bf16 in hardware is not told apart.
+void describeKernelFeatures(int major, int minor, bp_device_info &info) {
+    const int cc = major * 10 + minor;
+    const uint32_t ints = bit(BP_ELEMENT_I8) | bit(BP_ELEMENT_U8) | bit(BP_ELEMENT_I16) |
+                          bit(BP_ELEMENT_U16) | bit(BP_ELEMENT_I32) | bit(BP_ELEMENT_U32) |
+                          bit(BP_ELEMENT_I64) | bit(BP_ELEMENT_U64);
+    info.element_storage = bit(BP_ELEMENT_BOOL) | ints | bit(BP_ELEMENT_F16) |
+                           bit(BP_ELEMENT_BF16) | bit(BP_ELEMENT_F32) | bit(BP_ELEMENT_F64);
+    info.element_arithmetic = bit(BP_ELEMENT_BOOL) | ints | bit(BP_ELEMENT_F32) |
+                              bit(BP_ELEMENT_F64);
+    if (cc >= 53) info.element_arithmetic |= bit(BP_ELEMENT_F16);  // __half arithmetic
+    if (cc >= 80) info.element_arithmetic |= bit(BP_ELEMENT_BF16); // __nv_bfloat16 arithmetic
+    // atomicAdd exists for unsigned long long only (a signed i64 add is left to the language).
+    info.element_atomic_add = bit(BP_ELEMENT_I32) | bit(BP_ELEMENT_U32) | bit(BP_ELEMENT_F32) |
+                              bit(BP_ELEMENT_U64);
+    if (cc >= 60) info.element_atomic_add |= bit(BP_ELEMENT_F64);
+    if (cc >= 70) info.element_atomic_add |= bit(BP_ELEMENT_F16);
+    if (cc >= 80) info.element_atomic_add |= bit(BP_ELEMENT_BF16);
+    info.element_atomic_bits = bit(BP_ELEMENT_I32) | bit(BP_ELEMENT_U32) | bit(BP_ELEMENT_I64) |
+                               bit(BP_ELEMENT_U64);
+    info.vector_widths = (1u << 2) | (1u << 4) | (1u << 8);
+    info.matrix_shape_count = 0;
+    if (!bpv::kWmmaShapes) return;
+    // nvcuda::wmma's f32-accumulator shapes. Not listed: the tf32 shape 16x16x8 (tf32 is an
+    // input rounding of f32, not an element type of the language), and the f16-accumulator,
+    // 8-bit integer and f64 shapes, which the language does not lower.
+    if (cc >= 70)
+        for (const auto &[m, n] : {std::pair<uint16_t, uint16_t>{16, 16}, {32, 8}, {8, 32}})
+            addShape(info, m, n, 16, BP_ELEMENT_F16, BP_ELEMENT_F32);
+    if (cc >= 80)
+        for (const auto &[m, n] : {std::pair<uint16_t, uint16_t>{16, 16}, {32, 8}, {8, 32}})
+            addShape(info, m, n, 16, BP_ELEMENT_BF16, BP_ELEMENT_F32);
 }
 
 class GpuPlugin : public sdk::Plugin {
@@ -166,6 +218,9 @@ private:
         // and reading it back to the host would stall the stream (docs/cuda.md).
         info.capabilities = BP_CAPABILITY_ASYNC_STREAMS | BP_CAPABILITY_TIMESTAMPS |
                             BP_CAPABILITY_PORTABLE_BINARIES;
+        describeKernelFeatures(attribute(d, bpv::Attribute::ComputeCapabilityMajor, out.id),
+                               attribute(d, bpv::Attribute::ComputeCapabilityMinor, out.id),
+                               info);
         return out;
     }
 

@@ -174,7 +174,13 @@ enum class Attribute {
     MaxSharedMemoryPerBlock = CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
     WarpSize = CU_DEVICE_ATTRIBUTE_WARP_SIZE,
     Integrated = CU_DEVICE_ATTRIBUTE_INTEGRATED,
+    ComputeCapabilityMajor = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+    ComputeCapabilityMinor = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
 };
+
+/// The plugin reports the matrix shapes of nvcuda::wmma (bp_device_info::matrix_shapes) by
+/// compute capability.
+inline constexpr bool kWmmaShapes = true;
 
 /// Error classes the shared translation (gpu_error.cpp) needs to tell apart.
 /// cuInit's answer on a machine with the driver but no usable GPU.

@@ -157,7 +157,13 @@ enum class Attribute {
     MaxSharedMemoryPerBlock = hipDeviceAttributeMaxSharedMemoryPerBlock,
     WarpSize = hipDeviceAttributeWarpSize,
     Integrated = hipDeviceAttributeIntegrated,
+    ComputeCapabilityMajor = hipDeviceAttributeComputeCapabilityMajor,
+    ComputeCapabilityMinor = hipDeviceAttributeComputeCapabilityMinor,
 };
+
+/// No matrix shapes: rocWMMA is not part of hiprtc, and AMD's compute capability numbers
+/// (gfx90a: 9.0) say nothing about its matrix cores.
+inline constexpr bool kWmmaShapes = false;
 
 inline bool isOutOfMemory(Result r) { return r == hipErrorOutOfMemory; }
 inline bool isSticky(Result r) {

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -39,6 +41,37 @@ std::string readName(const nlohmann::json &value, const std::string &key) {
         if (c <= ' ' || c > '~')
             invalid("\"" + key + "\" must be printable ASCII without spaces, not " + value.dump());
     return text;
+}
+
+constexpr const char *kElementTypeNames[] = {"bool", "i8",  "u8",  "i16", "u16",
+                                             "i32",  "u32", "i64", "u64", "f16",
+                                             "bf16", "f32", "f64"};
+static_assert(std::size(kElementTypeNames) == BP_ELEMENT_F64 + 1);
+
+uint32_t readTypes(const nlohmann::json &value, const char *key) {
+    std::string known;
+    for (const char *name : kElementTypeNames)
+        known += std::string(known.empty() ? "" : ", ") + name;
+    if (!value.is_array())
+        invalid(std::string("\"") + key + "\" must be an array of type names (" + known +
+                "), not " + value.dump());
+    uint32_t mask = 0;
+    for (const auto &item : value) {
+        const auto *name = std::find_if(
+            std::begin(kElementTypeNames), std::end(kElementTypeNames),
+            [&](const char *n) { return item.is_string() && item.get<std::string>() == n; });
+        if (name == std::end(kElementTypeNames))
+            invalid(std::string("\"") + key + "\" names an unknown type " + item.dump() +
+                    "; the types are " + known);
+        const auto type = static_cast<uint32_t>(name - std::begin(kElementTypeNames));
+        // The ABI promises these on every device (plugin.h, "Kernel features").
+        if (type == BP_ELEMENT_BOOL || type == BP_ELEMENT_I32 || type == BP_ELEMENT_U32 ||
+            type == BP_ELEMENT_F32)
+            invalid(std::string("\"") + key + "\" cannot disable " + item.dump() +
+                    ": every device has bool, i32, u32 and f32");
+        mask |= 1u << type;
+    }
+    return mask;
 }
 
 void readCollectives(const nlohmann::json &value, HostOptions &options) {
@@ -84,10 +117,12 @@ HostOptions parseHostOptions(std::string_view json) {
             options.workers = static_cast<uint32_t>(readCount(value, "workers", 1, kMaxWorkers));
         } else if (key == "collectives") {
             readCollectives(value, options);
+        } else if (key == "disable_types") {
+            options.disabledTypes = readTypes(value, "disable_types");
         } else {
             invalid("unknown key \"" + key +
-                    "\"; the host plugin knows \"collectives\", \"devices\", \"memory_bytes\", "
-                    "\"mode\" and \"workers\"");
+                    "\"; the host plugin knows \"collectives\", \"devices\", "
+                    "\"disable_types\", \"memory_bytes\", \"mode\" and \"workers\"");
         }
     }
     return options;

@@ -24,6 +24,11 @@ struct HostOptions {
     /// "collectives": {"interface": "..."}: the network interface Gloo's TCP device binds to
     /// (overrides the address for Gloo's own connections); "" for none.
     std::string collectivesInterface;
+    /// "disable_types": ["f64", "i64", ...]: element types (bp_element_type's names: "bool",
+    /// "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64") cleared
+    /// from every kernel-feature mask, to fake a smaller device; bool, i32, u32 and f32 cannot
+    /// be disabled (every device has them). Mask of (1u << bp_element_type).
+    uint32_t disabledTypes = 0;
 };
 
 /// Parses the options JSON text. Throws sdk::Error(BP_ERROR_INVALID_ARGUMENT) whose message names

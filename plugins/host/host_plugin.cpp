@@ -155,7 +155,35 @@ private:
 #else
         sdk::copyString(info.collectives, "built without Gloo (libgloo-dev)");
 #endif
+        describeKernelFeatures(info);
         return info;
+    }
+
+    /// What kernels may use: what the host's kernel-language path (the core's interpreter) runs,
+    /// less the option "disable_types".
+    void describeKernelFeatures(bp_device_info &info) const {
+        constexpr auto bit = [](bp_element_type t) { return 1u << t; };
+        const uint32_t narrowInts = bit(BP_ELEMENT_I8) | bit(BP_ELEMENT_U8) |
+                                    bit(BP_ELEMENT_I16) | bit(BP_ELEMENT_U16);
+        const uint32_t ints32 = bit(BP_ELEMENT_I32) | bit(BP_ELEMENT_U32);
+        const uint32_t wide = bit(BP_ELEMENT_I64) | bit(BP_ELEMENT_U64) | bit(BP_ELEMENT_F64);
+        const uint32_t halves = bit(BP_ELEMENT_F16) | bit(BP_ELEMENT_BF16);
+        info.element_storage = bit(BP_ELEMENT_BOOL) | narrowInts | ints32 | wide | halves |
+                               bit(BP_ELEMENT_F32);
+        // f16 and bf16 are computed in f32 and rounded after every operation: the results a
+        // native unit gives, so they count as arithmetic. Not i64, u64 or f64: the interpreter
+        // keeps values in 32-bit registers and cannot run 64-bit types yet.
+        info.element_arithmetic = info.element_storage & ~wide;
+        info.element_atomic_add = ints32 | bit(BP_ELEMENT_F32);
+        info.element_atomic_bits = ints32;
+        info.vector_widths = (1u << 2) | (1u << 4) | (1u << 8);
+        // No matrix shapes yet: the interpreter will be the reference implementation of them.
+        info.matrix_shape_count = 0;
+        const uint32_t keep = ~options_.disabledTypes;
+        info.element_storage &= keep;
+        info.element_arithmetic &= keep;
+        info.element_atomic_add &= keep;
+        info.element_atomic_bits &= keep;
     }
 
     HostOptions options_;

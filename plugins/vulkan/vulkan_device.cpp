@@ -466,19 +466,11 @@ VulkanDevice::VulkanDevice(VulkanPlugin &plugin, Instance &instance,
     const VulkanLibrary &lib = instance.library();
     validationSeen_ = instance.validationErrors();
 
-    // Enable what the device offers that compute shaders may use (int64, float16, 8/16-bit
-    // storage, ...), except robustBufferAccess, which costs speed, and sparse/protected memory.
-    auto features12 = vkStruct<VkPhysicalDeviceVulkan12Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
-    auto features11 = vkStruct<VkPhysicalDeviceVulkan11Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES);
-    features11.pNext = &features12;
-    auto features = vkStruct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
-    features.pNext = &features11;
-    lib.vkGetPhysicalDeviceFeatures2(physical.handle, &features);
-    features.features.robustBufferAccess = VK_FALSE;
-    features.features.sparseBinding = VK_FALSE;
-    features.features.sparseResidencyBuffer = VK_FALSE;
-    features11.protectedMemory = VK_FALSE;
-    features12.timelineSemaphore = VK_TRUE;
+    // Enable what the device offers that compute shaders may use: at least every feature its
+    // description (the kernel features) counts on, only ever what the device supports.
+    DeviceFeatures features(lib, physical.handle, physical.featureExtensions);
+    std::vector<const char *> extensions;
+    const void *featureChain = features.enableForOpen(extensions);
 
     std::vector<float> priorities(physical.queueCount, 1.0f);
     auto queueInfo = vkStruct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
@@ -486,11 +478,10 @@ VulkanDevice::VulkanDevice(VulkanPlugin &plugin, Instance &instance,
     queueInfo.queueCount = physical.queueCount;
     queueInfo.pQueuePriorities = priorities.data();
 
-    std::vector<const char *> extensions;
     if (physical.pushDescriptor) extensions.push_back(VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
 
     auto info = vkStruct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
-    info.pNext = &features;
+    info.pNext = featureChain;
     info.queueCreateInfoCount = 1;
     info.pQueueCreateInfos = &queueInfo;
     info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
@@ -520,10 +511,12 @@ VulkanDevice::VulkanDevice(VulkanPlugin &plugin, Instance &instance,
         if (fn_.vkDestroyDevice != nullptr) fn_.vkDestroyDevice(device_, nullptr);
         throw;
     }
+    std::string enabled;
+    for (const char *name : extensions) enabled += std::string(", ") + name;
     plugin_.log(BP_LOG_INFO, "opened " + std::string(physical.info.name) + " (" +
                                  std::to_string(physical.queueCount) + " compute queues, " +
                                  (physical_.pushDescriptor ? "push descriptors" : "descriptor pools") +
-                                 ")");
+                                 enabled + ")");
 }
 
 VulkanDevice::~VulkanDevice() {

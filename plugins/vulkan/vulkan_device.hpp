@@ -3,6 +3,7 @@
 #pragma once
 
 #include "vulkan_api.hpp"
+#include "vulkan_features.hpp"
 
 #include <array>
 #include <atomic>
@@ -37,6 +38,8 @@ struct PhysicalDevice {
     /// shaderSignedZeroInfNanPreserveFloat32: generated GLSL may ask the compiler to keep
     /// signed zeros, infinities and NaNs (0 * inf stays NaN instead of folding to 0).
     bool preserveFloatSpecials = false;
+    /// The extensions that add kernel features (enabled at open when their features are).
+    FeatureExtensions featureExtensions;
 };
 
 /// The plugin's VkInstance and what it found. Created on the first probe.

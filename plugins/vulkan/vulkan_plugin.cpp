@@ -230,11 +230,14 @@ void Instance::enumerate(bool pushDescriptors) {
                  ", the plugin needs 1.2");
             continue;
         }
-        auto features12 = vkStruct<VkPhysicalDeviceVulkan12Features>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES);
-        auto features = vkStruct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
-        features.pNext = &features12;
-        library_.vkGetPhysicalDeviceFeatures2(handle, &features);
-        if (!features12.timelineSemaphore) {
+        uint32_t extensionCount = 0;
+        library_.vkEnumerateDeviceExtensionProperties(handle, nullptr, &extensionCount, nullptr);
+        std::vector<VkExtensionProperties> extensions(extensionCount);
+        library_.vkEnumerateDeviceExtensionProperties(handle, nullptr, &extensionCount,
+                                                      extensions.data());
+        d.featureExtensions = FeatureExtensions::of(extensions);
+        const DeviceFeatures features(library_, handle, d.featureExtensions);
+        if (!features.timelineSemaphore()) {
             skip("it lacks the timelineSemaphore feature");
             continue;
         }
@@ -261,11 +264,6 @@ void Instance::enumerate(bool pushDescriptors) {
         d.queueCount = std::min<uint32_t>(families[chosen].queueCount, 16);
         d.timestampValidBits = families[chosen].timestampValidBits;
 
-        uint32_t extensionCount = 0;
-        library_.vkEnumerateDeviceExtensionProperties(handle, nullptr, &extensionCount, nullptr);
-        std::vector<VkExtensionProperties> extensions(extensionCount);
-        library_.vkEnumerateDeviceExtensionProperties(handle, nullptr, &extensionCount,
-                                                      extensions.data());
         const bool pciInfo = hasExtension(extensions, VK_EXT_PCI_BUS_INFO_EXTENSION_NAME);
         d.pushDescriptor =
             pushDescriptors && hasExtension(extensions, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
@@ -351,6 +349,7 @@ void Instance::enumerate(bool pushDescriptors) {
             }
             break;
         }
+        features.describe(library_, instance_, handle, info);
         devices_.push_back(d);
     }
     if (devices_.empty())

@@ -162,6 +162,22 @@ TEST_CASE("a host kernel with data is skipped on an ABI 1.1 plugin, and the erro
     }
 }
 
+TEST_CASE("a plugin whose table says ABI 1.1 gets the kernel features of ABI 1.3 kernels") {
+    // The plugin behind the table is today's host plugin, which fills the 1.4 fields: the core
+    // goes by the table's version, not by what happens to be in the struct.
+    const Runtime runtime(configFor(ABI11_HOST_MANIFEST));
+    REQUIRE(runtime.devices().size() == 1);
+    const KernelFeatures &old = runtime.devices().front().info().features;
+    CHECK(old.describe() == "types bool i32 u32 f32; native bool i32 u32 f32; atomic add i32 "
+                            "u32; atomic bits i32 u32; vectors none; matrix none");
+    CHECK_FALSE(old.stores(ElementType::F64));
+    CHECK_FALSE(old.addsAtomically(ElementType::F32));
+
+    const Runtime current(configFor(HOST_MANIFEST));
+    REQUIRE(current.devices().size() == 1);
+    CHECK(current.devices().front().info().features.stores(ElementType::F64));
+}
+
 // The kernel cache remembers each thread's last hits by the KernelSource's address; a
 // KernelSource is a plain value its owner may change in place between launches.
 

@@ -1,4 +1,5 @@
 // Tests of the host plugin through its C ABI (internals: loads it with detail::PluginLibrary).
+#include "plugin/device_info.hpp"
 #include "plugin/plugin_library.hpp"
 
 #include <backplane/abi/plugin_sdk.hpp>
@@ -361,6 +362,62 @@ TEST_CASE("probe reports one host device and device_info describes the CPU") {
     CHECK((info.capabilities & BP_CAPABILITY_PORTABLE_BINARIES) == 0);
 }
 
+namespace {
+constexpr uint32_t typeBit(bp_element_type t) { return 1u << t; }
+constexpr uint32_t kAllTypes = (1u << (BP_ELEMENT_F64 + 1)) - 1;
+constexpr uint32_t kWide = typeBit(BP_ELEMENT_I64) | typeBit(BP_ELEMENT_U64) |
+                           typeBit(BP_ELEMENT_F64);
+constexpr uint32_t kInts32 = typeBit(BP_ELEMENT_I32) | typeBit(BP_ELEMENT_U32);
+} // namespace
+
+TEST_CASE("device_info reports the kernel features the host's kernel path has") {
+    auto plugin = loadHost();
+    const bp_device_info info = plugin->deviceInfo(0);
+    REQUIRE(info.struct_size >= offsetof(bp_device_info, matrix_shapes) +
+                                    sizeof(info.matrix_shapes));
+    CHECK(info.element_storage == kAllTypes);
+    // 64-bit types are stored but not computed: the interpreter has 32-bit registers.
+    CHECK(info.element_arithmetic == (kAllTypes & ~kWide));
+    CHECK(info.element_atomic_add == (kInts32 | typeBit(BP_ELEMENT_F32)));
+    CHECK(info.element_atomic_bits == kInts32);
+    CHECK(info.vector_widths == ((1u << 2) | (1u << 4) | (1u << 8)));
+    CHECK(info.matrix_shape_count == 0);
+
+    using backplane::ElementType;
+    const auto features = backplane::detail::toDeviceInfo("host", 0, info).features;
+    CHECK(features.stores(ElementType::F64));
+    CHECK_FALSE(features.computes(ElementType::F64));
+    CHECK(features.computes(ElementType::BF16));
+    CHECK(features.addsAtomically(ElementType::F32));
+    CHECK_FALSE(features.atomicBitsOn(ElementType::F32));
+    CHECK(features.describe() == "types bool i8..u64 f16 bf16 f32 f64; native bool i8..u32 f16 "
+                                 "bf16 f32; atomic add i32 u32 f32; atomic bits i32 u32; vectors "
+                                 "2 4 8; matrix none");
+}
+
+TEST_CASE("the disable_types option clears types from every kernel-feature mask") {
+    auto plugin = loadHost(R"({"disable_types": ["f64", "f16"], "devices": 2})");
+    const uint32_t gone = typeBit(BP_ELEMENT_F64) | typeBit(BP_ELEMENT_F16);
+    for (uint32_t index = 0; index < 2; ++index) {
+        CAPTURE(index);
+        const bp_device_info info = plugin->deviceInfo(index);
+        CHECK(info.element_storage == (kAllTypes & ~gone));
+        CHECK(info.element_arithmetic == (kAllTypes & ~kWide & ~gone));
+        CHECK(info.element_atomic_add == (kInts32 | typeBit(BP_ELEMENT_F32)));
+        CHECK(info.element_atomic_bits == kInts32);
+        const auto features = backplane::detail::toDeviceInfo("host", index, info).features;
+        CHECK_FALSE(features.stores(backplane::ElementType::F64));
+        CHECK_FALSE(features.stores(backplane::ElementType::F16));
+        CHECK(features.stores(backplane::ElementType::BF16));
+    }
+    // A smaller device still: no 8-, 16- or 64-bit integers, no bf16.
+    const bp_device_info small =
+        loadHost(R"({"disable_types": ["i8", "u8", "i16", "u16", "i64", "u64", "bf16"]})")
+            ->deviceInfo(0);
+    CHECK(small.element_storage == (typeBit(BP_ELEMENT_BOOL) | kInts32 | typeBit(BP_ELEMENT_F16) |
+                                    typeBit(BP_ELEMENT_F32) | typeBit(BP_ELEMENT_F64)));
+}
+
 TEST_CASE("the devices option exposes identical devices with distinct, stable UUIDs") {
     std::vector<std::vector<uint8_t>> first;
     for (int load = 0; load < 2; ++load) {
@@ -396,6 +453,10 @@ TEST_CASE("invalid options fail plugin_init with a message naming the key") {
         {R"({"workers": -1})", "workers"},
         {R"({"memory_bytes": 0})", "memory_bytes"},
         {R"({"bogus": 1})", "bogus"},
+        {R"({"disable_types": ["f65"]})", R"("disable_types" names an unknown type "f65")"},
+        {R"({"disable_types": "f64"})", R"("disable_types" must be an array)"},
+        {R"({"disable_types": [64]})", R"("disable_types" names an unknown type 64)"},
+        {R"({"disable_types": ["f32"]})", R"("disable_types" cannot disable "f32")"},
         {R"({"devices": 1)", "JSON"},
         {"[1, 2]", "object"},
     };

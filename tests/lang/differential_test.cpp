@@ -647,3 +647,186 @@ TEST_CASE("grid = {4} and block = {2} leave the other dimensions 1: 4 workgroups
         for (uint32_t v : c.readAs<uint32_t>(none)) CHECK(v == 0u);
     }
 }
+
+// ----- element types (issue 25) -------------------------------------------------------------
+
+namespace {
+
+/// The CPU reference of the narrow rules: 8- and 16-bit integers compute in 32 bits and wrap;
+/// f16 and bf16 compute in float and round to nearest even after every operation.
+float roundHalf(float x) { return static_cast<float>(lang::f16(x)); }
+float roundBf16(float x) { return static_cast<float>(lang::bf16(x)); }
+
+} // namespace
+
+TEST_CASE("8- and 16-bit integers wrap like C and f16 and bf16 round after every operation") {
+    const lang::Kernel k = lang::kernel("narrow_types", [](lang::Builder &b) {
+        auto a = b.input<int8_t>();
+        auto u = b.input<uint16_t>();
+        auto h = b.input<lang::f16>();
+        auto g = b.input<lang::bf16>();
+        auto outA = b.output<int8_t>();
+        auto outU = b.output<uint16_t>();
+        auto outH = b.output<lang::f16>();
+        auto outG = b.output<lang::bf16>();
+        auto casts = b.output<int32_t>();
+        auto n = b.scalar<uint32_t>();
+        auto i = b.globalId().x;
+        b.If(i < n, [&] {
+            Value<int8_t> x = a[i];
+            outA[i] = x * int8_t(3) + int8_t(100);
+            Value<uint16_t> y = u[i];
+            outU[i] = y * y - uint16_t(7);
+            Value<lang::f16> p = h[i];
+            outH[i] = p * p + p;
+            Value<lang::bf16> q = g[i];
+            outG[i] = q * q + q;
+            casts[i * 4u] = cast<int32_t>(p);                        // truncates
+            casts[i * 4u + 1u] = cast<int32_t>(cast<int8_t>(cast<float>(y) * 3.0f)); // saturates
+            casts[i * 4u + 2u] = cast<int32_t>(cast<uint8_t>(cast<int32_t>(y)));      // wraps
+            casts[i * 4u + 3u] = cast<int32_t>(cast<int16_t>(x) * int16_t(-300));
+        });
+    });
+    const uint32_t n = 200;
+    std::vector<int8_t> a(n);
+    std::vector<uint16_t> u(n);
+    std::vector<lang::f16> h(n);
+    std::vector<lang::bf16> g(n);
+    std::mt19937 rng(25);
+    for (uint32_t i = 0; i < n; ++i) {
+        a[i] = static_cast<int8_t>(rng());
+        u[i] = static_cast<uint16_t>(rng());
+        h[i] = lang::f16(std::ldexp(static_cast<float>(rng() % 20000) - 10000.0f, -6));
+        g[i] = lang::bf16(std::ldexp(static_cast<float>(rng() % 20000) - 10000.0f, -3));
+    }
+    h[0] = lang::f16(std::numeric_limits<float>::infinity());
+    h[1] = lang::f16::fromBits(0x0001); // the smallest subnormal
+    h[2] = lang::f16(255.9f);           // p * p overflows f16 (65504): inf
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer ba = c.createFrom<int8_t>(a), bu = c.createFrom<uint16_t>(u);
+        Buffer bh = c.createFrom<lang::f16>(h), bg = c.createFrom<lang::bf16>(g);
+        Buffer oa = c.empty(n), ou = c.empty(2 * n), oh = c.empty(2 * n), og = c.empty(2 * n);
+        Buffer oc = c.empty(16 * n);
+        Dispatch d = oneD(n, 64);
+        d.bindings = {ba, bu, bh, bg, oa, ou, oh, og, oc};
+        d.scalar(n);
+        c.execute(k, d);
+        const auto gotA = c.readAs<int8_t>(oa);
+        const auto gotU = c.readAs<uint16_t>(ou);
+        const auto gotH = c.readAs<uint16_t>(oh);
+        const auto gotG = c.readAs<uint16_t>(og);
+        const auto gotC = c.readAs<int32_t>(oc);
+        size_t wrong = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+            const auto wantA = static_cast<int8_t>(static_cast<int8_t>(a[i] * 3) + 100);
+            const auto wantU = static_cast<uint16_t>(static_cast<uint16_t>(u[i] * u[i]) - 7);
+            const float p = static_cast<float>(h[i]);
+            const uint16_t wantH = lang::f16(roundHalf(p * p) + p).bits;
+            const float q = static_cast<float>(g[i]);
+            const uint16_t wantG = lang::bf16(roundBf16(q * q) + q).bits;
+            const float tripled = static_cast<float>(u[i]) * 3.0f;
+            const int32_t wantC[4] = {
+                std::isinf(p) ? INT32_MAX : static_cast<int32_t>(p),
+                tripled >= 127.0f ? 127 : static_cast<int32_t>(tripled),
+                static_cast<int32_t>(static_cast<uint8_t>(u[i])),
+                static_cast<int32_t>(static_cast<int16_t>(a[i] * -300))};
+            const bool ok = gotA[i] == wantA && gotU[i] == wantU && gotH[i] == wantH &&
+                            gotG[i] == wantG && gotC[i * 4] == wantC[0] &&
+                            gotC[i * 4 + 1] == wantC[1] && gotC[i * 4 + 2] == wantC[2] &&
+                            gotC[i * 4 + 3] == wantC[3];
+            if (!ok && wrong++ < 5)
+                MESSAGE("element " << i << ": i8 " << int(gotA[i]) << "/" << int(wantA) << " u16 "
+                                   << gotU[i] << "/" << wantU << " f16 " << std::hex << gotH[i]
+                                   << "/" << wantH << " bf16 " << gotG[i] << "/" << wantG
+                                   << std::dec << " casts " << gotC[i * 4] << "/" << wantC[0]
+                                   << " " << gotC[i * 4 + 1] << "/" << wantC[1] << " "
+                                   << gotC[i * 4 + 2] << "/" << wantC[2] << " "
+                                   << gotC[i * 4 + 3] << "/" << wantC[3]);
+        }
+        CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("64-bit integers and doubles compute exactly where the device has them, and are "
+          "refused naming the type where it does not") {
+    const lang::Kernel k = lang::kernel("wide_types", [](lang::Builder &b) {
+        auto a = b.input<int64_t>();
+        auto u = b.input<uint64_t>();
+        auto d = b.input<double>();
+        auto outA = b.output<int64_t>();
+        auto outU = b.output<uint64_t>();
+        auto outD = b.output<double>();
+        auto k64 = b.scalar<int64_t>();
+        auto n = b.scalar<uint32_t>();
+        auto i = b.globalId().x;
+        b.If(i < n, [&] {
+            Value<int64_t> x = a[i];
+            outA[i * 2u] = x * k64 / int64_t(-7) + x % int64_t(1000003) + (x >> int64_t(3));
+            outA[i * 2u + 1u] = cast<int64_t>(d[i]); // saturates to the int64 range
+            Value<uint64_t> y = u[i];
+            outU[i] = y / uint64_t(3) + (y << uint64_t(7)) + cast<uint64_t>(x);
+            Value<double> e = d[i];
+            outD[i] = e * e + e / 3.0 + cast<double>(x);
+        });
+    });
+    const uint32_t n = 128;
+    std::vector<int64_t> a(n);
+    std::vector<uint64_t> u(n);
+    std::vector<double> d(n);
+    std::mt19937_64 rng(64);
+    for (uint32_t i = 0; i < n; ++i) {
+        a[i] = static_cast<int64_t>(rng());
+        u[i] = rng();
+        d[i] = std::ldexp(static_cast<double>(static_cast<int64_t>(rng() >> 11)), -20);
+    }
+    a[0] = INT64_MIN;
+    d[1] = 1e300;
+    const int64_t k64 = -123456789012345;
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer ba = c.createFrom<int64_t>(a), bu = c.createFrom<uint64_t>(u);
+        Buffer bd = c.createFrom<double>(d);
+        Buffer oa = c.empty(16 * n), ou = c.empty(8 * n), od = c.empty(8 * n);
+        Dispatch dispatch = oneD(n, 64);
+        dispatch.bindings = {ba, bu, bd, oa, ou, od};
+        dispatch.scalar(k64).scalar(n);
+        const std::string missing = k.missingOn(c.device().features);
+        if (!missing.empty()) {
+            MESSAGE(c.device().id() << " lacks " << missing);
+            CHECK_THROWS_WITH_AS(c.execute(k, dispatch), doctest::Contains("wide_types"), Error);
+            try {
+                c.execute(k, dispatch);
+            } catch (const Error &e) {
+                CHECK(std::string(toString(e.code())) == "unsupported");
+                CHECK(std::string(e.what()).find(missing) != std::string::npos);
+            }
+            continue;
+        }
+        c.execute(k, dispatch);
+        const auto gotA = c.readAs<int64_t>(oa);
+        const auto gotU = c.readAs<uint64_t>(ou);
+        const auto gotD = c.readAs<double>(od);
+        size_t wrong = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+            const auto wrapMul = static_cast<int64_t>(static_cast<uint64_t>(a[i]) *
+                                                      static_cast<uint64_t>(k64));
+            const int64_t q = wrapMul / -7;
+            const int64_t wantA = static_cast<int64_t>(
+                static_cast<uint64_t>(q) + static_cast<uint64_t>(a[i] % 1000003) +
+                static_cast<uint64_t>(a[i] >> 3));
+            const int64_t wantSat = d[i] >= 9223372036854775808.0 ? INT64_MAX
+                                                                  : static_cast<int64_t>(d[i]);
+            const uint64_t wantU = u[i] / 3 + (u[i] << 7) + static_cast<uint64_t>(a[i]);
+            const double wantD = d[i] * d[i] + d[i] / 3.0 + static_cast<double>(a[i]);
+            const bool ok = gotA[2 * i] == wantA && gotA[2 * i + 1] == wantSat &&
+                            gotU[i] == wantU &&
+                            (gotD[i] == wantD || std::fabs(gotD[i] - wantD) <= 1e-15 * std::fabs(wantD));
+            if (!ok && wrong++ < 5)
+                MESSAGE("element " << i << ": " << gotA[2 * i] << "/" << wantA << " "
+                                   << gotA[2 * i + 1] << "/" << wantSat << " " << gotU[i] << "/"
+                                   << wantU << " " << gotD[i] << "/" << wantD);
+        }
+        CHECK(wrong == 0);
+    }
+}

@@ -1,5 +1,7 @@
 // The kernel language without a device: the recorder's rules, the generated text of every
 // generator against golden files, and Kernel::prepare's checks. Public API only.
+#include "every_type.hpp"
+
 #include <backplane/error.hpp>
 #include <backplane/kernels.hpp>
 #include <backplane/lang.hpp>
@@ -68,6 +70,11 @@ TEST_CASE("every generator prints saxpy and the tiled matmul as the golden files
     const lang::Kernel matmul = kernels::matmul({32, 2, 8});
     checkGolden(matmul.text(Dialect::Cuda), "matmul_t32_w2_k8.cu");
     checkGolden(matmul.text(Dialect::Glsl), "matmul_t32_w2_k8.comp");
+    // Every element type (issue 25): the CUDA and GLSL printers and the IR listing.
+    const lang::Kernel types = test::everyType();
+    checkGolden(types.text(Dialect::Cuda), "every_type.cu");
+    checkGolden(types.text(Dialect::Glsl), "every_type.comp");
+    checkGolden(types.text(Dialect::Host), "every_type.ir");
 }
 
 TEST_CASE("a kernel carries its variants in preference order and plain C++ values as literals") {

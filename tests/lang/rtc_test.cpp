@@ -3,6 +3,7 @@
 // plugins/hip/vendor.hpp (hiprtc, gfx90a), around the plugins' own compile function. Skips (77)
 // only when the runtime compiler library is missing.
 #include "gpu_compile.hpp"
+#include "every_type.hpp"
 
 #include <backplane/kernels.hpp>
 #include <backplane/lang.hpp>
@@ -88,7 +89,8 @@ std::vector<lang::Kernel> allKernels() {
             kernels::inclusiveScan<int32_t>(128),
             kernels::matmul({16, 1, 16}),
             kernels::matmul({64, 4, 16}),
-            everything()};
+            everything(),
+            test::everyType()};
 }
 
 } // namespace

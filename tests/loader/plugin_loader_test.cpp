@@ -2,13 +2,20 @@
 // Internal test: uses core/src headers (backplane_internal_dep).
 #include "loader/plugin_loader.hpp"
 #include "loader/plugin_manifest.hpp"
+#include "loader/plugin_probe.hpp"
+#include "plugin/device_info.hpp"
 
+#include <backplane/error.hpp>
 #include <backplane/runtime.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <sys/wait.h>
@@ -142,7 +149,7 @@ TEST_CASE("gives every fixture its precise state and keeps loading the others") 
     const auto &abiTwo = reportOf(loaded, "abi_two");
     CHECK(stateOf(abiTwo) == "abi_mismatch");
     CHECK(abiTwo.reason.find("ABI 2.0") != std::string::npos);
-    CHECK(abiTwo.reason.find("ABI 1.3") != std::string::npos);
+    CHECK(abiTwo.reason.find("ABI 1.4") != std::string::npos);
 
     const auto &liar = reportOf(loaded, "abi_liar");
     CHECK(stateOf(liar) == "abi_mismatch");
@@ -307,4 +314,120 @@ TEST_CASE("finds the build tree's plugins when libbackplane runs from the build 
     } else {
         MESSAGE("no " << (hostDir / "host.json") << " in this build: host discovery unchecked");
     }
+}
+
+// ---- kernel features (ABI 1.4) in device descriptions -------------------------------------------
+
+namespace {
+
+/// A description a plugin might fill, with struct_size as it wrote it back.
+bp_device_info describedAs(size_t structSize) {
+    bp_device_info info{};
+    std::strcpy(info.name, "test device");
+    info.binding_alignment = 4;
+    info.struct_size = structSize;
+    return info;
+}
+
+} // namespace
+
+TEST_CASE("a device_info of ABI 1.3's size gets the kernel features ABI 1.3 kernels had") {
+    using backplane::ElementType;
+    // 1.3's struct ended in 4 bytes of padding where element_storage now lies: whatever a 1.3
+    // plugin left there must not count.
+    static_assert(backplane::detail::kDeviceInfoSize13 > offsetof(bp_device_info, element_storage));
+    bp_device_info info = describedAs(backplane::detail::kDeviceInfoSize13);
+    info.element_storage = ~0u;
+    info.element_arithmetic = ~0u;
+    const backplane::KernelFeatures f =
+        backplane::detail::toDeviceInfo("old", 0, info).features;
+    for (const ElementType t : {ElementType::Bool, ElementType::I32, ElementType::U32,
+                                ElementType::F32}) {
+        CAPTURE(backplane::toString(t));
+        CHECK(f.stores(t));
+        CHECK(f.computes(t));
+    }
+    for (const ElementType t : {ElementType::I8, ElementType::I16, ElementType::I64,
+                                ElementType::U64, ElementType::F16, ElementType::BF16,
+                                ElementType::F64}) {
+        CAPTURE(backplane::toString(t));
+        CHECK_FALSE(f.stores(t));
+        CHECK_FALSE(f.computes(t));
+    }
+    CHECK(f.addsAtomically(ElementType::I32));
+    CHECK(f.addsAtomically(ElementType::U32));
+    CHECK_FALSE(f.addsAtomically(ElementType::F32));
+    CHECK(f.atomicBitsOn(ElementType::U32));
+    CHECK_FALSE(f.atomicBitsOn(ElementType::F32));
+    CHECK(f.vectorWidths == 0);
+    CHECK_FALSE(f.loadsVectorsOf(2));
+    CHECK(f.matrixShapes.empty());
+    CHECK(f == backplane::detail::kernelFeaturesBeforeAbi14());
+    // Still a 1.3 size one byte short of the whole group.
+    CHECK(backplane::detail::toDeviceInfo("old", 0,
+                                          describedAs(backplane::detail::kDeviceInfoSize14 - 1))
+              .features == backplane::detail::kernelFeaturesBeforeAbi14());
+}
+
+TEST_CASE("a 1.4 device_info's kernel features are taken as reported, unknown bits dropped") {
+    using backplane::ElementType;
+    bp_device_info info = describedAs(sizeof(bp_device_info));
+    info.element_storage = (1u << BP_ELEMENT_F64) | (1u << BP_ELEMENT_F32) | (1u << 20);
+    info.element_arithmetic = 1u << BP_ELEMENT_F32;
+    info.element_atomic_add = 1u << BP_ELEMENT_F32;
+    info.element_atomic_bits = 0;
+    info.vector_widths = (1u << 4) | (1u << 3) | 1u;
+    info.matrix_shape_count = 40; // more than the array: the core reads 16
+    for (auto &s : info.matrix_shapes) s = {16, 16, 16, BP_ELEMENT_F16, BP_ELEMENT_F16,
+                                            BP_ELEMENT_F32, 0};
+    info.matrix_shapes[1].k = 0;                // unusable: dropped
+    info.matrix_shapes[2].a = BP_ELEMENT_F64 + 1; // no such type: dropped
+    const backplane::KernelFeatures f = backplane::detail::toDeviceInfo("new", 0, info).features;
+    CHECK(f.storage == ((1u << BP_ELEMENT_F64) | (1u << BP_ELEMENT_F32)));
+    CHECK(f.computes(ElementType::F32));
+    CHECK_FALSE(f.computes(ElementType::F64));
+    CHECK_FALSE(f.stores(ElementType::I32)); // as reported (conformance would flag it)
+    CHECK(f.vectorWidths == (1u << 4));
+    CHECK(f.loadsVectorsOf(4));
+    CHECK_FALSE(f.loadsVectorsOf(3));
+    REQUIRE(f.matrixShapes.size() == 14);
+    CHECK(f.matrixShapes[0] ==
+          backplane::MatrixShape{16, 16, 16, ElementType::F16, ElementType::F16, ElementType::F32});
+    CHECK(f.describe() == "types f32 f64; native f32; atomic add f32; atomic bits none; vectors "
+                          "4; matrix 16x16x16 16x16x16 16x16x16 16x16x16 16x16x16 16x16x16 "
+                          "16x16x16 16x16x16 16x16x16 16x16x16 16x16x16 16x16x16 16x16x16 "
+                          "16x16x16 f16*f16+f32");
+}
+
+TEST_CASE("kernel features survive the probe answer, and an answer without them gets 1.3's") {
+    using backplane::ElementType;
+    backplane::detail::ProbeOutcome outcome;
+    outcome.state = backplane::PluginState::Loaded;
+    outcome.deviceCount = 1;
+    backplane::DeviceInfo device;
+    device.backend = "gpu";
+    device.name = "answered";
+    device.features.storage = (1u << 13) - 1;
+    device.features.arithmetic = 1u << BP_ELEMENT_BF16;
+    device.features.atomicAdd = 1u << BP_ELEMENT_F64;
+    device.features.atomicBits = 1u << BP_ELEMENT_U64;
+    device.features.vectorWidths = (1u << 2) | (1u << 8);
+    device.features.matrixShapes = {
+        {16, 16, 16, ElementType::BF16, ElementType::BF16, ElementType::F32},
+        {32, 8, 16, ElementType::F16, ElementType::F16, ElementType::F32}};
+    outcome.devices.push_back(device);
+    nlohmann::json answer = backplane::detail::outcomeJson(outcome);
+    const auto back = backplane::detail::outcomeFromJson(answer, "gpu");
+    REQUIRE(back.devices.size() == 1);
+    CHECK(back.devices[0].features == device.features);
+
+    answer["devices"][0].erase("kernel_features");
+    CHECK(backplane::detail::outcomeFromJson(answer, "gpu").devices[0].features ==
+          backplane::detail::kernelFeaturesBeforeAbi14());
+
+    answer["devices"][0]["kernel_features"] =
+        backplane::detail::outcomeJson(outcome)["devices"][0]["kernel_features"];
+    answer["devices"][0]["kernel_features"]["matrix_shapes"][0][2] = 0;
+    CHECK_THROWS_WITH_AS(backplane::detail::outcomeFromJson(answer, "gpu"),
+                         doctest::Contains("matrix_shapes"), backplane::Error);
 }

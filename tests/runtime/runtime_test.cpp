@@ -227,7 +227,7 @@ TEST_CASE("the JSON report follows schema version 1") {
     const Runtime runtime(config);
     const auto report = nlohmann::json::parse(runtime.reportJson());
     CHECK(report["schema_version"] == 1);
-    CHECK(report["abi_version"] == "1.3");
+    CHECK(report["abi_version"] == "1.4");
     CHECK(report["search_path"][0] == FIXTURE_DIR);
     REQUIRE(report["plugins"].size() == runtime.plugins().size());
     bool sawLiar = false;
@@ -247,6 +247,19 @@ TEST_CASE("the JSON report follows schema version 1") {
     CHECK(gpu["type"] == "discrete_gpu");
     CHECK(gpu["memory_bytes"] == (16ull << 30));
     CHECK(gpu["routes"] == nlohmann::json::array({"fakegpu_a:0", "fakegpu_b:1"}));
+    // Kernel features per route, types by name (the fixtures report ABI 1.3's set).
+    const nlohmann::json baseTypes = {"bool", "i32", "u32", "f32"};
+    for (const char *route : {"fakegpu_a:0", "fakegpu_b:1"}) {
+        CAPTURE(route);
+        REQUIRE(gpu.contains("kernel_features"));
+        const auto &features = gpu["kernel_features"].at(route);
+        CHECK(features["storage"] == baseTypes);
+        CHECK(features["arithmetic"] == baseTypes);
+        CHECK(features["atomic_add"] == nlohmann::json::array({"i32", "u32"}));
+        CHECK(features["atomic_bits"] == nlohmann::json::array({"i32", "u32"}));
+        CHECK(features["vector_widths"] == nlohmann::json::array());
+        CHECK(features["matrix_shapes"] == nlohmann::json::array());
+    }
     CHECK(report["devices"][4]["uuid"].is_null());
     CHECK(report["selection"]["device"] == "fakecpu:0");
     CHECK(report["selection"]["rejected"].size() == 1);

@@ -84,6 +84,10 @@ void printReport(const Runtime &runtime) {
                             d.info().hasUuid ? d.info().uuidString() : "-", routes});
         }
         printTable(rows);
+        std::printf("\nKernel features (per route; what kernels may use there)\n");
+        for (const auto &d : runtime.devices())
+            for (const auto &r : d.routes)
+                std::printf("  %s: %s\n", r.id().c_str(), r.features.describe().c_str());
         std::printf("\nCollectives (per route; devices without them use the staged path)\n");
         for (const auto &d : runtime.devices())
             for (const auto &r : d.routes) {

@@ -23,27 +23,77 @@
 /// - device values (Value<T>, Var<T>, Element<T>) exist only on the device. They do not convert
 ///   to bool, so a C++ `if` or `while` on one does not compile: use k.If, k.While and select().
 ///
-/// Element types of buffers, scalars and arrays: int32_t, uint32_t, float. Values may also be
-/// bool. Mixing types needs an explicit cast<T>(v); C++ literals convert to the other operand's
-/// type.
+/// Element types of buffers, scalars and arrays: int8_t to int64_t, uint8_t to uint64_t, f16,
+/// bf16, float and double (docs/kernels.md, "Types and capabilities"). Values may also be bool.
+/// Mixing types needs an explicit cast<T>(v); C++ literals convert to the other operand's type.
+/// 8- and 16-bit integers compute like C: promoted to 32 bits, the result wrapped to the type.
+/// f16 and bf16 compute in f32 and round to nearest even after every operation, on every target
+/// (what native half arithmetic gives for + - * / and sqrt). What a device cannot do with a type
+/// (DeviceInfo::features) is refused at execute() naming the kernel, the type and the device.
 namespace backplane::lang {
 
-/// The value types of the language.
-enum class Type : uint8_t { Bool, I32, U32, F32 };
+/// An IEEE binary16 value in host code: its bits, converted to and from float with rounding to
+/// nearest even (buffers of f16 hold these bits).
+struct f16 {
+    uint16_t bits = 0;
+    f16() = default;
+    explicit f16(float value) : bits(fromFloat(value)) {}
+    explicit operator float() const { return toFloat(bits); }
+    static f16 fromBits(uint16_t b) {
+        f16 h;
+        h.bits = b;
+        return h;
+    }
+    static uint16_t fromFloat(float value);
+    static float toFloat(uint16_t bits);
+};
+/// A bfloat16 value in host code (the upper half of a float, rounded to nearest even).
+struct bf16 {
+    uint16_t bits = 0;
+    bf16() = default;
+    explicit bf16(float value) : bits(fromFloat(value)) {}
+    explicit operator float() const { return toFloat(bits); }
+    static bf16 fromBits(uint16_t b) {
+        bf16 h;
+        h.bits = b;
+        return h;
+    }
+    static uint16_t fromFloat(float value);
+    static float toFloat(uint16_t bits);
+};
+
+/// The value types of the language. The first four keep their numbers (IR listings, caches).
+enum class Type : uint8_t { Bool, I32, U32, F32, I8, U8, I16, U16, I64, U64, F16, BF16, F64 };
 const char *toString(Type type) noexcept;
 
 template <class T>
-inline constexpr bool isElementType =
-    std::is_same_v<T, int32_t> || std::is_same_v<T, uint32_t> || std::is_same_v<T, float>;
+inline constexpr bool isFloatType = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                    std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
+template <class T>
+inline constexpr bool isIntegerType =
+    std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t> || std::is_same_v<T, int16_t> ||
+    std::is_same_v<T, uint16_t> || std::is_same_v<T, int32_t> || std::is_same_v<T, uint32_t> ||
+    std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>;
+template <class T> inline constexpr bool isElementType = isFloatType<T> || isIntegerType<T>;
 template <class T>
 inline constexpr bool isValueType = isElementType<T> || std::is_same_v<T, bool>;
 
 template <class T> constexpr Type typeOf() {
-    static_assert(isValueType<T>, "kernel values are bool, int32_t, uint32_t or float");
+    static_assert(isValueType<T>, "kernel values are bool, 8- to 64-bit integers, f16, bf16, "
+                                  "float or double");
     if constexpr (std::is_same_v<T, bool>) return Type::Bool;
     else if constexpr (std::is_same_v<T, int32_t>) return Type::I32;
     else if constexpr (std::is_same_v<T, uint32_t>) return Type::U32;
-    else return Type::F32;
+    else if constexpr (std::is_same_v<T, float>) return Type::F32;
+    else if constexpr (std::is_same_v<T, int8_t>) return Type::I8;
+    else if constexpr (std::is_same_v<T, uint8_t>) return Type::U8;
+    else if constexpr (std::is_same_v<T, int16_t>) return Type::I16;
+    else if constexpr (std::is_same_v<T, uint16_t>) return Type::U16;
+    else if constexpr (std::is_same_v<T, int64_t>) return Type::I64;
+    else if constexpr (std::is_same_v<T, uint64_t>) return Type::U64;
+    else if constexpr (std::is_same_v<T, f16>) return Type::F16;
+    else if constexpr (std::is_same_v<T, bf16>) return Type::BF16;
+    else return Type::F64;
 }
 
 /// How a kernel is generated.
@@ -91,7 +141,7 @@ struct Handle {
 // Error(InvalidArgument) naming the kernel when called outside lang::kernel(), with a handle of
 // another kernel, or against a rule of the language (a value used outside the block that made
 // it, a barrier in divergent control flow...).
-Handle constant(Type type, uint32_t bits);
+Handle constant(Type type, uint64_t bits);
 Handle operation(Op op, Type result, Handle a, Handle b = {}, Handle c = {}, uint32_t imm = 0);
 Handle unary(Op op, Handle a);                      ///< same type as a
 Handle binary(Op op, Handle a, Handle b);           ///< same types; comparisons give bool
@@ -145,7 +195,7 @@ template <class T> struct Operand {
     friend Value<T> operator/(const Value<T> &a, const Value<T> &b) { return bin(detail::Op::Div, a, b); }
     /// Integers only: the sign of a (C's rule); x % 0 is 0 on every target.
     friend Value<T> operator%(const Value<T> &a, const Value<T> &b) {
-        static_assert(!std::is_same_v<T, float>, "% is for integers; use fmod-free math on floats");
+        static_assert(isIntegerType<T>, "% is for integers");
         return bin(detail::Op::Rem, a, b);
     }
     friend Value<T> operator&(const Value<T> &a, const Value<T> &b) { return bits(detail::Op::And, a, b); }
@@ -165,7 +215,7 @@ template <class T> struct Operand {
     friend Value<T> operator||(const Value<T> &a, const Value<T> &b) { return logic(detail::Op::Or, a, b); }
     friend Value<T> operator!(const Value<T> &a) { return logic1(detail::Op::Not, a); }
     friend Value<T> operator~(const Value<T> &a) {
-        static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>, "~ is for integers");
+        static_assert(isIntegerType<T>, "~ is for integers");
         return Value<T>::wrap(detail::unary(detail::Op::BitNot, a.handle()));
     }
     friend Value<T> operator-(const Value<T> &a) {
@@ -179,12 +229,11 @@ private:
         return Value<T>::wrap(detail::binary(op, a.handle(), b.handle()));
     }
     static Value<T> bits(detail::Op op, const Value<T> &a, const Value<T> &b) {
-        static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>,
-                      "& | ^ are for integers; use && || on bool");
+        static_assert(isIntegerType<T>, "& | ^ are for integers; use && || on bool");
         return Value<T>::wrap(detail::binary(op, a.handle(), b.handle()));
     }
     static Value<T> ints(detail::Op op, const Value<T> &a, const Value<T> &b) {
-        static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>, "shifts are for integers");
+        static_assert(isIntegerType<T>, "shifts are for integers");
         return Value<T>::wrap(detail::binary(op, a.handle(), b.handle()));
     }
     static Value<T> logic(detail::Op op, const Value<T> &a, const Value<T> &b) {
@@ -204,7 +253,8 @@ private:
 /// copies the handle, not the computation; a Value cannot be reassigned (use Var for that), so
 /// `v = v + 1` inside a k.For does not compile instead of silently not accumulating.
 template <class T> class Value : public Operand<T> {
-    static_assert(isValueType<T>, "kernel values are bool, int32_t, uint32_t or float");
+    static_assert(isValueType<T>, "kernel values are bool, 8- to 64-bit integers, f16, bf16, "
+                                  "float or double");
 
 public:
     /// A constant: recorded as a literal.
@@ -219,9 +269,19 @@ public:
 
 private:
     Value(detail::Handle h, int) : handle_(h) {}
-    static uint32_t bitsOf(T c) {
+    static uint64_t bitsOf(T c) {
         if constexpr (std::is_same_v<T, bool>) return c ? 1u : 0u;
-        else {
+        else if constexpr (std::is_same_v<T, f16> || std::is_same_v<T, bf16>) return c.bits;
+        else if constexpr (sizeof(T) == 8) {
+            uint64_t bits;
+            std::memcpy(&bits, &c, sizeof(bits));
+            return bits;
+        } else {
+            // Integers keep their value's bits in the low sizeof(T) bytes (sign-extended to 32
+            // for signed types, as the IR keeps narrow values); float its own 32 bits.
+            if constexpr (std::is_integral_v<T>)
+                return static_cast<uint32_t>(static_cast<std::conditional_t<
+                                                 std::is_signed_v<T>, int32_t, uint32_t>>(c));
             uint32_t bits;
             std::memcpy(&bits, &c, sizeof(bits));
             return bits;
@@ -287,7 +347,8 @@ Value<T>::Value(const Element<T> &e) : handle_(detail::load(e.space(), e.target(
 
 /// A buffer binding (binding i is the kernel's i-th declared buffer, Dispatch::bindings[i]).
 template <class T> class Binding {
-    static_assert(isElementType<T>, "buffers hold int32_t, uint32_t or float");
+    static_assert(isElementType<T>, "buffers hold 8- to 64-bit integers, f16, bf16, float or "
+                                    "double");
 
 public:
     Element<T> operator[](const Value<uint32_t> &index) const {
@@ -305,7 +366,8 @@ private:
 
 /// A fixed-size array in workgroup-shared or per-thread memory. Its contents start undefined.
 template <class T> class Array {
-    static_assert(isElementType<T>, "arrays hold int32_t, uint32_t or float");
+    static_assert(isElementType<T>, "arrays hold 8- to 64-bit integers, f16, bf16, float or "
+                                    "double");
 
 public:
     Element<T> operator[](const Value<uint32_t> &index) const { return Element<T>(space_, id_, index); }
@@ -333,7 +395,7 @@ public:
     template <class T> Binding<T> inout() { return Binding<T>::wrap(detail::declareBinding(typeOf<T>(), detail::Access::ReadWrite)); }
     /// The next field of the scalar struct (packed like Dispatch::scalar: natural alignment).
     template <class T> Value<T> scalar() {
-        static_assert(isElementType<T>, "scalars are int32_t, uint32_t or float");
+        static_assert(isElementType<T>, "scalars are numbers");
         return Value<T>::wrap(detail::declareScalar(typeOf<T>()));
     }
 
@@ -439,7 +501,8 @@ template <class T> struct OperandType<Element<T>> { using type = T; };
 template <class X> using OperandOf = typename OperandType<X>::type;
 
 /// Converts between value types: float to integer truncates toward zero and saturates (NaN gives
-/// 0), integer to integer keeps the bits, bool gives 0 or 1, to bool compares with 0.
+/// 0), integer to integer wraps (keeps the low bits, like C), float to a narrower float rounds
+/// to nearest even, bool gives 0 or 1, to bool compares with 0.
 template <class To, class X, class From = OperandOf<X>> Value<To> cast(const X &v) {
     return Value<To>::wrap(detail::operation(detail::Op::Cast, typeOf<To>(), Value<From>(v).handle()));
 }
@@ -488,6 +551,9 @@ template <class X, class T = OperandOf<X>> Value<T> subgroupMax(const X &a) { re
 inline Value<float> fma(const Value<float> &a, const Value<float> &b, const Value<float> &c) {
     return Value<float>::wrap(detail::operation(detail::Op::Fma, Type::F32, a.handle(), b.handle(), c.handle()));
 }
+inline Value<double> fma(const Value<double> &a, const Value<double> &b, const Value<double> &c) {
+    return Value<double>::wrap(detail::operation(detail::Op::Fma, Type::F64, a.handle(), b.handle(), c.handle()));
+}
 /// The value of the lane whose index is this lane's XOR `mask`.
 template <class X, class T = OperandOf<X>> Value<T> shuffleXor(const X &v, const Value<uint32_t> &mask) {
     return Value<T>::wrap(detail::subgroup(detail::Op::ShuffleXor, Value<T>(v).handle(), mask.handle()));
@@ -500,7 +566,7 @@ template <class X, class T = OperandOf<X>> Value<T> broadcast(const X &v, const 
 #define BACKPLANE_LANG_ATOMIC(name, op)                                                                   \
     /** Atomically combines `value` into the element; returns the element's previous value. */          \
     template <class T> Value<T> name(const Element<T> &e, const std::type_identity_t<Value<T>> &value) {  \
-        static_assert(std::is_integral_v<T>, "atomics are on int32_t and uint32_t");                      \
+        static_assert(isIntegerType<T> || std::is_same_v<T, float>, "atomics are on integers (add: float too)"); \
         return Value<T>::wrap(detail::atomic(detail::AtomicOp::op, e.space(), e.target(), e.index(), value.handle())); \
     }
 BACKPLANE_LANG_ATOMIC(atomicAdd, Add)
@@ -534,6 +600,10 @@ public:
     /// Error(InvalidArgument) naming the kernel when the dispatch's bindings or scalar size do not
     /// match the signature, or a buffer is not a whole number of elements.
     Dispatch prepare(const Dispatch &dispatch) const;
+    /// What the kernel uses that `features` (a device's DeviceInfo::features) lacks, as "f64
+    /// arithmetic", "f16 buffers", "u64 atomicAdd"...; "" when the device can run it.
+    /// ComputeClient::execute refuses such a kernel with Error(Unsupported) naming it.
+    std::string missingOn(const KernelFeatures &features) const;
     const detail::Module &module() const;
 
 private:

@@ -313,8 +313,6 @@ Recorder &current() {
     return *gCurrent;
 }
 
-bool isInteger(Type t) { return t == Type::I32 || t == Type::U32; }
-
 bool isComparison(Op op) {
     return op == Op::Eq || op == Op::Ne || op == Op::Lt || op == Op::Le || op == Op::Gt ||
            op == Op::Ge;
@@ -322,7 +320,7 @@ bool isComparison(Op op) {
 
 } // namespace
 
-Handle constant(Type type, uint32_t bits) {
+Handle constant(Type type, uint64_t bits) {
     Recorder &r = current();
     Node n;
     n.op = Op::Constant;
@@ -364,7 +362,7 @@ Handle unary(Op op, Handle a) {
     const bool floatOnly = op == Op::Sqrt || op == Op::Rsqrt || op == Op::Exp || op == Op::Log ||
                            op == Op::Sin || op == Op::Cos || op == Op::Tanh ||
                            op == Op::Floor || op == Op::Ceil;
-    if (floatOnly && n.type != Type::F32)
+    if (floatOnly && !isFloat(n.type))
         r.fail("a float function was applied to a " + std::string(toString(n.type)) + " value");
     if ((op == Op::Not) != (n.type == Type::Bool) &&
         (op == Op::Not || op == Op::Neg || op == Op::BitNot || op == Op::Abs))
@@ -392,7 +390,7 @@ Handle binary(Op op, Handle a, Handle b) {
                         op == Op::Mul || op == Op::Div || op == Op::Pow;
     if (ta == Type::Bool && onBool)
         r.fail("an ordering comparison or arithmetic on bool values; cast<uint32_t>() them first");
-    if (op == Op::Pow && ta != Type::F32) r.fail("pow() needs float operands");
+    if (op == Op::Pow && !isFloat(ta)) r.fail("pow() needs float operands");
     n.type = isComparison(op) ? Type::Bool : ta;
     return r.compute(n);
 }
@@ -412,7 +410,9 @@ Handle builtin(Builtin which, uint32_t axis) {
 
 Handle declareScalar(Type type) {
     Recorder &r = current();
-    if (type == Type::Bool) r.fail("scalars are int32_t, uint32_t or float");
+    if (type == Type::Bool || isNarrow(type))
+        r.fail(std::string("a scalar of type ") + toString(type) +
+               "; scalars are 32- or 64-bit numbers: pass a 32-bit one and cast<T>() it");
     r.module().scalars.push_back(type);
     Node n;
     n.op = Op::Scalar;
@@ -424,7 +424,7 @@ Handle declareScalar(Type type) {
 
 Handle declareBinding(Type type, Access access) {
     Recorder &r = current();
-    if (type == Type::Bool) r.fail("buffers hold int32_t, uint32_t or float");
+    if (type == Type::Bool) r.fail("buffers hold numbers, not bool");
     r.module().bindings.push_back({type, access, false});
     return {static_cast<uint32_t>(r.module().bindings.size() - 1), r.serial()};
 }
@@ -432,7 +432,7 @@ Handle declareBinding(Type type, Access access) {
 Handle declareArray(Space space, Type type, uint32_t length) {
     Recorder &r = current();
     if (space != Space::Shared && space != Space::Private) r.fail("arrays are shared or private");
-    if (type == Type::Bool) r.fail("arrays hold int32_t, uint32_t or float");
+    if (type == Type::Bool) r.fail("arrays hold numbers, not bool");
     if (length == 0) r.fail("an array of length 0");
     if (uint64_t(length) * sizeOf(type) > (64u << 20))
         r.fail("an array of " + std::to_string(length) + " elements (over 64 MiB)");
@@ -558,7 +558,13 @@ Handle atomic(AtomicOp op, Space space, Handle target, Handle index, Handle valu
     if (space != Space::Buffer && space != Space::Shared)
         r.fail("atomics work on buffer and shared-array elements");
     const Type type = targetType(r, space, target);
-    if (!isInteger(type)) r.fail("atomics work on int32_t and uint32_t elements");
+    if (!(type == Type::I32 || type == Type::U32 || isWide(type) ||
+          (type == Type::F32 && op == AtomicOp::Add)))
+        r.fail(std::string("an atomic on ") + toString(type) +
+               " elements; atomics work on 32- and 64-bit integers, and atomicAdd on float too");
+    if (type == Type::F64)
+        r.fail("an atomic on f64 elements; atomics work on 32- and 64-bit integers, and "
+               "atomicAdd on float too");
     if (space == Space::Buffer && r.module().bindings[target.id].access != Access::ReadWrite)
         r.fail("an atomic on binding " + std::to_string(target.id) +
                ", which is not declared k.inout<T>()");
@@ -583,6 +589,9 @@ Handle subgroup(Op op, Handle value, Handle arg) {
     n.a = r.use(value, "a subgroup operand");
     n.type = r.module().nodes[n.a].type;
     if (n.type == Type::Bool) r.fail("subgroup operations take numbers");
+    if (isWide(n.type))
+        r.fail(std::string("a subgroup operation on ") + toString(n.type) +
+               " values; subgroup operations take 8- to 32-bit numbers");
     if (op == Op::ShuffleXor || op == Op::Broadcast) {
         n.b = r.use(arg, "a lane");
         if (r.module().nodes[n.b].type != Type::U32) r.fail("lanes are uint32_t values");
@@ -747,6 +756,15 @@ const char *toString(Type type) noexcept {
     case Type::I32: return "i32";
     case Type::U32: return "u32";
     case Type::F32: return "f32";
+    case Type::I8: return "i8";
+    case Type::U8: return "u8";
+    case Type::I16: return "i16";
+    case Type::U16: return "u16";
+    case Type::I64: return "i64";
+    case Type::U64: return "u64";
+    case Type::F16: return "f16";
+    case Type::BF16: return "bf16";
+    case Type::F64: return "f64";
     }
     return "?";
 }

@@ -1,6 +1,8 @@
 // The host path of the kernel language: runs a recorded Module for one workgroup, in lock-step.
 #include "lang/ir.hpp"
 
+#include "comm/host_reduce.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -140,10 +142,10 @@ bool uniformBuiltin(uint32_t imm) {
     }
 }
 
-uint32_t combine(AtomicOp op, bool isSigned, uint32_t old, uint32_t value) {
+uint32_t combine(AtomicOp op, bool isSigned, uint32_t old, uint32_t value, bool isFloat = false) {
     switch (op) {
     case AtomicOp::Add:
-        return old + value;
+        return isFloat ? bitsOf(asFloat(old) + asFloat(value)) : old + value;
     case AtomicOp::Min:
         return isSigned ? (asInt(value) < asInt(old) ? value : old) : std::min(old, value);
     case AtomicOp::Max:
@@ -162,17 +164,23 @@ uint32_t combine(AtomicOp op, bool isSigned, uint32_t old, uint32_t value) {
 
 /// An atomic on buffer memory that other workgroups may update at the same time.
 uint32_t atomicOnBuffer(unsigned char *at, bool aligned, AtomicOp op, bool isSigned,
-                        uint32_t value) {
+                        uint32_t value, bool isFloat = false) {
     if (!aligned) {
         // atomic_ref needs 4-byte alignment; a misaligned binding (the host plugin aligns its
         // bindings, a foreign caller might not) is updated without atomicity.
         uint32_t old;
         std::memcpy(&old, at, sizeof old);
-        const uint32_t next = combine(op, isSigned, old, value);
+        const uint32_t next = combine(op, isSigned, old, value, isFloat);
         std::memcpy(at, &next, sizeof next);
         return old;
     }
     std::atomic_ref<uint32_t> ref(*reinterpret_cast<uint32_t *>(at));
+    if (isFloat) { // float add: compare and swap
+        uint32_t old = ref.load(std::memory_order_relaxed);
+        while (!ref.compare_exchange_weak(old, combine(op, isSigned, old, value, true))) {
+        }
+        return old;
+    }
     switch (op) {
     case AtomicOp::Add:
         return ref.fetch_add(value);
@@ -256,7 +264,71 @@ struct BufferView {
     unsigned char *data = nullptr;
     uint64_t length = 0;
     bool aligned = false;
+    Type type = Type::U32; ///< the binding's element type (8- and 16-bit ones take the slow path)
 };
+
+/// A narrow buffer element as the 32-bit value registers hold: integers sign- or zero-extended,
+/// f16 and bf16 as the float they are.
+uint32_t widen(Type t, const unsigned char *at) {
+    uint16_t h = 0;
+    switch (t) {
+    case Type::I8: return static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(*at)));
+    case Type::U8: return *at;
+    case Type::I16:
+        std::memcpy(&h, at, 2);
+        return static_cast<uint32_t>(static_cast<int32_t>(static_cast<int16_t>(h)));
+    case Type::U16:
+        std::memcpy(&h, at, 2);
+        return h;
+    case Type::F16:
+        std::memcpy(&h, at, 2);
+        return std::bit_cast<uint32_t>(backplane::detail::halfToFloat(h));
+    case Type::BF16:
+        std::memcpy(&h, at, 2);
+        return std::bit_cast<uint32_t>(backplane::detail::bf16ToFloat(h));
+    default: {
+        uint32_t w;
+        std::memcpy(&w, at, 4);
+        return w;
+    }
+    }
+}
+
+/// The register value `v` stored as a narrow element at `at`.
+void narrow(Type t, uint32_t v, unsigned char *at) {
+    uint16_t h = 0;
+    switch (t) {
+    case Type::I8:
+    case Type::U8: *at = static_cast<unsigned char>(v); return;
+    case Type::I16:
+    case Type::U16: h = static_cast<uint16_t>(v); break;
+    case Type::F16: h = backplane::detail::floatToHalf(std::bit_cast<float>(v)); break;
+    case Type::BF16: h = backplane::detail::floatToBf16(std::bit_cast<float>(v)); break;
+    default: std::memcpy(at, &v, 4); return;
+    }
+    std::memcpy(at, &h, 2);
+}
+
+/// A 32-bit result brought back to `t`: 8- and 16-bit integers wrapped and extended, f16 and
+/// bf16 rounded to nearest even (kept as float).
+uint32_t normalize(Type t, uint32_t v) {
+    switch (t) {
+    case Type::I8: return static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(v)));
+    case Type::U8: return v & 0xffu;
+    case Type::I16: return static_cast<uint32_t>(static_cast<int32_t>(static_cast<int16_t>(v)));
+    case Type::U16: return v & 0xffffu;
+    case Type::F16:
+        return std::bit_cast<uint32_t>(
+            backplane::detail::halfToFloat(backplane::detail::floatToHalf(std::bit_cast<float>(v))));
+    case Type::BF16:
+        return std::bit_cast<uint32_t>(
+            backplane::detail::bf16ToFloat(backplane::detail::floatToBf16(std::bit_cast<float>(v))));
+    default: return v;
+    }
+}
+
+/// Types whose registers hold a float (f16 and bf16 rounded to their precision).
+bool floatRegister(Type t) { return t == Type::F32 || t == Type::F16 || t == Type::BF16; }
 
 /// The interpreter of one thread: its scratch (registers, variables, arrays, masks) and the plan
 /// of the Module it runs, reused from call to call so that a call allocates only while its
@@ -943,7 +1015,8 @@ bool Interpreter::prepare(const bp_host_kernel_context &context) {
             auto *data = static_cast<unsigned char *>(context.buffers[b]);
             if (data == nullptr) continue;
             buffers_[b].data = data;
-            buffers_[b].length = context.buffer_sizes[b] / 4;
+            buffers_[b].type = m.bindings[b].type;
+            buffers_[b].length = context.buffer_sizes[b] / sizeOf(m.bindings[b].type);
             buffers_[b].aligned = reinterpret_cast<uintptr_t>(data) % alignof(uint32_t) == 0;
         }
     }
@@ -989,11 +1062,14 @@ void Interpreter::fillLeaves(const bp_host_kernel_context &context) {
         filled_[s] = leaf.op == Op::Builtin && !uniformBuiltin(leaf.imm) ? 0 : filled_[s];
         switch (leaf.op) {
         case Op::Constant:
-            fill(leaf.imm);
+            if (leaf.type == Type::F16 || leaf.type == Type::BF16)
+                fill(widen(leaf.type, reinterpret_cast<const unsigned char *>(&leaf.imm)));
+            else
+                fill(static_cast<uint32_t>(leaf.imm));
             break;
         case Op::Scalar: {
             uint32_t value = 0;
-            const uint64_t at = uint64_t{leaf.imm} * 4;
+            const uint64_t at = m.scalarOffset(static_cast<size_t>(leaf.imm));
             if (context.scalars != nullptr && at < context.scalar_size)
                 std::memcpy(&value, static_cast<const unsigned char *>(context.scalars) + at,
                             std::min<uint64_t>(4, context.scalar_size - at));
@@ -1300,6 +1376,11 @@ void Interpreter::let(uint32_t node, const Mask &m) {
         return;
     default:
         arithmetic(n, out, m);
+        // 8- and 16-bit results: computed in 32 bits, then wrapped or rounded to the type.
+        if (isNarrow(n.type)) {
+            const Type t = n.type;
+            map1(m, out, out, [t](uint32_t x) { return normalize(t, x); });
+        }
         return;
     }
 }
@@ -1333,34 +1414,56 @@ void Interpreter::divideByUniform(bool remainder, uint32_t *out, const uint32_t 
 void Interpreter::cast(const Node &node, uint32_t *out, const Mask &m) {
     const uint32_t *a = reg(node.a);
     const Type from = m_->nodes[node.a].type, to = node.type;
+    const bool fromFloat = floatRegister(from), toFloat = floatRegister(to);
     if (from == to ||
-        (from != Type::F32 && from != Type::Bool && to != Type::F32 && to != Type::Bool)) {
-        map1(m, out, a, [](uint32_t x) { return x; }); // int <-> int keeps the bits
+        (!fromFloat && !toFloat && from != Type::Bool && to != Type::Bool && !isNarrow(to))) {
+        map1(m, out, a, [](uint32_t x) { return x; }); // to a 32-bit int: the bits are kept
     } else if (to == Type::Bool) {
-        if (from == Type::F32)
+        if (fromFloat)
             map1(m, out, a, [](uint32_t x) { return asFloat(x) != 0.0f ? 1u : 0u; });
         else
             map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
     } else if (from == Type::Bool) {
-        if (to == Type::F32)
+        if (toFloat)
             map1(m, out, a, [](uint32_t x) { return x != 0 ? 0x3f800000u : 0u; });
         else
             map1(m, out, a, [](uint32_t x) { return x != 0 ? 1u : 0u; });
-    } else if (from == Type::F32) {
-        if (to == Type::I32)
-            map1(m, out, a, [](uint32_t x) { return floatToI32(x); });
+    } else if (fromFloat && toFloat) {
+        map1(m, out, a, [to](uint32_t x) { return normalize(to, x); });
+    } else if (fromFloat) {
+        // Truncates toward zero and saturates to the target's range; NaN gives 0.
+        switch (to) {
+        case Type::I32: map1(m, out, a, [](uint32_t x) { return floatToI32(x); }); break;
+        case Type::U32: map1(m, out, a, [](uint32_t x) { return floatToU32(x); }); break;
+        case Type::I8:
+        case Type::I16: {
+            const int32_t hi = to == Type::I8 ? 127 : 32767;
+            map1(m, out, a, [hi](uint32_t x) {
+                return static_cast<uint32_t>(std::clamp(asInt(floatToI32(x)), -hi - 1, hi));
+            });
+            break;
+        }
+        default: {
+            const uint32_t hi = to == Type::U8 ? 255u : 65535u;
+            map1(m, out, a, [hi](uint32_t x) { return std::min(floatToU32(x), hi); });
+            break;
+        }
+        }
+    } else if (toFloat) {
+        // Integers (narrow ones already extended) through float, rounded to f16 or bf16.
+        if (isSigned(from))
+            map1(m, out, a,
+                 [to](uint32_t x) { return normalize(to, bitsOf(static_cast<float>(asInt(x)))); });
         else
-            map1(m, out, a, [](uint32_t x) { return floatToU32(x); });
-    } else if (from == Type::I32) {
-        map1(m, out, a, [](uint32_t x) { return bitsOf(static_cast<float>(asInt(x))); });
+            map1(m, out, a, [to](uint32_t x) { return normalize(to, bitsOf(static_cast<float>(x))); });
     } else {
-        map1(m, out, a, [](uint32_t x) { return bitsOf(static_cast<float>(x)); });
+        map1(m, out, a, [to](uint32_t x) { return normalize(to, x); }); // wraps to a narrow int
     }
 }
 
 void Interpreter::arithmetic(const Node &node, uint32_t *out, const Mask &m) {
     const Type t = m_->nodes[node.a].type; // the operands' type (comparisons give bool)
-    const bool f = t == Type::F32, s = t == Type::I32;
+    const bool f = floatRegister(t), s = isSigned(t);
     const uint32_t *a = reg(node.a);
     const uint32_t *b = node.b != kNone ? reg(node.b) : nullptr;
     const uint32_t *c = node.c != kNone ? reg(node.c) : nullptr;
@@ -1618,6 +1721,17 @@ void Interpreter::load(const Node &node, uint32_t *out, const Mask &m) {
             each(m, [=](uint32_t l) { out[l] = 0; });
             return;
         }
+        if (isNarrow(view.type)) {
+            const unsigned char *data = view.data;
+            const uint64_t length = view.length;
+            const Type type = view.type;
+            const uint32_t size = sizeOf(type);
+            each(m, [=](uint32_t l) {
+                const uint32_t i = index[l];
+                out[l] = i < length ? widen(type, data + size_t{i} * size) : 0;
+            });
+            return;
+        }
         // The last valid index: a buffer of 2^32 elements or more takes every u32 index.
         const auto last = static_cast<uint32_t>(std::min<uint64_t>(view.length - 1, UINT32_MAX));
         if (byRows(m, node.a)) {
@@ -1718,6 +1832,15 @@ void Interpreter::store(const Stmt &s, const Mask &m) {
         const BufferView view = buffers_[s.target];
         unsigned char *data = view.data;
         const uint64_t length = view.length;
+        if (isNarrow(view.type)) {
+            const Type type = view.type;
+            const uint32_t size = sizeOf(type);
+            each(m, [=](uint32_t l) {
+                const uint32_t i = index[l];
+                if (i < length) narrow(type, value[l], data + size_t{i} * size);
+            });
+            return;
+        }
         if (length != 0 && byRows(m, s.index) && xStep_[s.index] == 1) {
             const auto last = static_cast<uint32_t>(std::min<uint64_t>(length - 1, UINT32_MAX));
             const uint32_t width = block_[0];
@@ -1747,13 +1870,14 @@ void Interpreter::store(const Stmt &s, const Mask &m) {
 void Interpreter::atomic(const Node &node, uint32_t *out, const Mask &m) {
     const uint32_t *index = reg(node.a), *value = reg(node.b);
     const bool isSigned = node.type == Type::I32;
+    const bool isFloat = node.type == Type::F32;
     const AtomicOp op = node.atomicOp;
     if (node.space == Space::Buffer) {
         const BufferView view = buffers_[node.imm];
         each(m, [&](uint32_t l) {
             const uint32_t i = index[l];
             out[l] = i < view.length ? atomicOnBuffer(view.data + size_t{i} * 4, view.aligned, op,
-                                                      isSigned, value[l])
+                                                      isSigned, value[l], isFloat)
                                      : 0;
         });
         return;
@@ -1768,7 +1892,7 @@ void Interpreter::atomic(const Node &node, uint32_t *out, const Mask &m) {
             return;
         }
         const uint32_t old = base[i];
-        base[i] = combine(op, isSigned, old, value[l]);
+        base[i] = combine(op, isSigned, old, value[l], isFloat);
         out[l] = old;
     });
 }

@@ -3,6 +3,7 @@
 
 #include <backplane/lang.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,10 +30,11 @@ struct Node {
     /// The block whose statement defines it (0 for leaves usable anywhere).
     uint32_t block = 0;
     uint32_t a = kNone, b = kNone, c = kNone;
-    /// Constant: the value's bits. Builtin: builtin * 4 + axis. Scalar: field index. Length:
+    /// Constant: the value's bits (8- and 16-bit integers sign- or zero-extended to 32 bits, f16
+    /// and bf16 their 16 bits, 64-bit types all 64). Builtin: builtin * 4 + axis. Scalar: field index. Length:
     /// binding. LoopIndex: the For statement's loop id. Load / Atomic: target (binding, array or
     /// var). Atomic: also atomicOp. Cast: nothing (the operand's type is nodes[a].type).
-    uint32_t imm = 0;
+    uint64_t imm = 0;
     Space space = Space::Buffer; ///< Load / Atomic
     AtomicOp atomicOp = AtomicOp::Add;
     /// Variables this (uniform) value was computed from: if one of them later becomes
@@ -89,7 +91,7 @@ struct Module {
     std::vector<Node> nodes;
     std::vector<Block> blocks; ///< blocks[0] is the kernel body
     std::vector<BindingDecl> bindings;
-    std::vector<Type> scalars; ///< the caller's scalar struct, in order (4 bytes each)
+    std::vector<Type> scalars; ///< the caller's scalar struct, in order (32 or 64 bits each)
     std::vector<ArrayDecl> arrays;
     std::vector<Type> vars;
     uint32_t loops = 0; ///< For statements (LoopIndex ids)
@@ -103,14 +105,62 @@ struct Module {
             if (bindings[b].lengthUsed || options.checked) fields.push_back(b);
         return fields;
     }
-    /// Size in bytes of the scalar struct the generated code reads (caller's + lengths).
-    uint32_t scalarStructBytes() const {
-        return static_cast<uint32_t>(4 * (scalars.size() + lengthFields().size()));
-    }
+    /// Byte offset of the caller's scalar `i` in the struct (natural alignment, like
+    /// Dispatch::scalar and a C struct); i == scalars.size() gives the caller's packed size.
+    uint32_t scalarOffset(size_t i) const;
+    /// Size in bytes of the scalar struct the generated code reads (caller's + lengths, then the
+    /// tail padding a C compiler gives the struct).
+    uint32_t scalarStructBytes() const;
 };
 
-/// Element size in bytes of a buffer or array type (4 for every type of this version).
-inline uint32_t sizeOf(Type) { return 4; }
+/// Element size in bytes of a type in buffers (bool: 4, as a u32).
+inline uint32_t sizeOf(Type t) {
+    switch (t) {
+    case Type::I8:
+    case Type::U8: return 1;
+    case Type::I16:
+    case Type::U16:
+    case Type::F16:
+    case Type::BF16: return 2;
+    case Type::I64:
+    case Type::U64:
+    case Type::F64: return 8;
+    default: return 4;
+    }
+}
+inline bool isFloat(Type t) {
+    return t == Type::F32 || t == Type::F64 || t == Type::F16 || t == Type::BF16;
+}
+inline bool isInteger(Type t) { return t != Type::Bool && !isFloat(t); }
+inline bool isSigned(Type t) {
+    return t == Type::I8 || t == Type::I16 || t == Type::I32 || t == Type::I64;
+}
+/// 8- and 16-bit types: kept widened to 32 bits in registers (floats as f32).
+inline bool isNarrow(Type t) { return sizeOf(t) < 4 && t != Type::Bool; }
+inline bool isWide(Type t) { return sizeOf(t) == 8; }
+
+inline uint32_t Module::scalarOffset(size_t i) const {
+    uint32_t at = 0;
+    for (size_t f = 0; f < i && f < scalars.size(); ++f) {
+        const uint32_t size = sizeOf(scalars[f]);
+        at = (at + size - 1) / size * size + size;
+    }
+    if (i < scalars.size()) {
+        const uint32_t size = sizeOf(scalars[i]);
+        at = (at + size - 1) / size * size;
+    }
+    return at;
+}
+
+inline uint32_t Module::scalarStructBytes() const {
+    uint32_t at = scalarOffset(scalars.size());
+    const size_t lengths = lengthFields().size();
+    if (at == 0 && lengths == 0) return 0;
+    at = (at + 3) / 4 * 4 + static_cast<uint32_t>(4 * lengths);
+    uint32_t align = 4;
+    for (Type t : scalars) align = std::max(align, sizeOf(t));
+    return (at + align - 1) / align * align;
+}
 
 /// Generated sources (source_gen.cpp). `dialect` is Cuda, Hip or Glsl.
 std::string generateSource(const Module &module, Dialect dialect);

@@ -1,6 +1,8 @@
 // lang::kernel(): records a body, generates every dialect's variant; Kernel's accessors.
 #include "lang/ir.hpp"
 
+#include "comm/host_reduce.hpp"
+
 #include <backplane/client.hpp>
 #include <backplane/error.hpp>
 
@@ -61,8 +63,65 @@ uint32_t Kernel::bindingCount() const noexcept {
 }
 
 uint32_t Kernel::scalarBytes() const noexcept {
-    return module_ ? static_cast<uint32_t>(4 * module_->scalars.size()) : 0;
+    return module_ ? module_->scalarOffset(module_->scalars.size()) : 0;
 }
+
+namespace {
+
+ElementType elementOf(Type t) {
+    switch (t) {
+    case Type::Bool: return ElementType::Bool;
+    case Type::I8: return ElementType::I8;
+    case Type::U8: return ElementType::U8;
+    case Type::I16: return ElementType::I16;
+    case Type::U16: return ElementType::U16;
+    case Type::I32: return ElementType::I32;
+    case Type::U32: return ElementType::U32;
+    case Type::I64: return ElementType::I64;
+    case Type::U64: return ElementType::U64;
+    case Type::F16: return ElementType::F16;
+    case Type::BF16: return ElementType::BF16;
+    case Type::F32: return ElementType::F32;
+    case Type::F64: return ElementType::F64;
+    }
+    return ElementType::Bool;
+}
+
+} // namespace
+
+std::string Kernel::missingOn(const KernelFeatures &features) const {
+    const detail::Module &m = module();
+    // Buffers need the type's storage; 64-bit values need native arithmetic (8- and 16-bit ones
+    // compute in 32 bits, f16 and bf16 in f32, on every device); atomics their own bits.
+    for (const detail::BindingDecl &b : m.bindings)
+        if (!features.stores(elementOf(b.type)))
+            return std::string(toString(b.type)) + " buffers";
+    const auto arithmetic = [&](Type t) -> std::string {
+        if (detail::isWide(t) && !features.computes(elementOf(t)))
+            return std::string(toString(t)) + " arithmetic";
+        return {};
+    };
+    for (Type t : m.scalars)
+        if (auto why = arithmetic(t); !why.empty()) return why;
+    for (Type t : m.vars)
+        if (auto why = arithmetic(t); !why.empty()) return why;
+    for (const detail::ArrayDecl &a : m.arrays)
+        if (auto why = arithmetic(a.type); !why.empty()) return why;
+    for (const detail::Node &n : m.nodes) {
+        if (auto why = arithmetic(n.type); !why.empty()) return why;
+        if (n.op != detail::Op::Atomic) continue;
+        const ElementType t = elementOf(n.type);
+        const bool add = n.atomicOp == detail::AtomicOp::Add;
+        if (add ? !features.addsAtomically(t) : !features.atomicBitsOn(t))
+            return std::string(toString(n.type)) + (add ? " atomicAdd" : " atomic min/max/bits");
+    }
+    return {};
+}
+
+uint16_t f16::fromFloat(float value) { return backplane::detail::floatToHalf(value); }
+float f16::toFloat(uint16_t bits) { return backplane::detail::halfToFloat(bits); }
+uint16_t bf16::fromFloat(float value) { return backplane::detail::floatToBf16(value); }
+float bf16::toFloat(uint16_t bits) { return backplane::detail::bf16ToFloat(bits); }
 
 Dispatch Kernel::prepare(const Dispatch &dispatch) const {
     const detail::Module &m = module();
@@ -78,7 +137,8 @@ Dispatch Kernel::prepare(const Dispatch &dispatch) const {
              " scalars (" + std::to_string(scalarBytes()) + " bytes; append them with "
              "Dispatch::scalar in declaration order)");
     const std::vector<uint32_t> lengths = m.lengthFields();
-    if (lengths.empty()) return dispatch;
+    const uint32_t structBytes = m.scalarStructBytes();
+    if (lengths.empty() && structBytes == dispatch.scalars.size()) return dispatch;
     Dispatch prepared = dispatch;
     for (uint32_t b : lengths) {
         const uint64_t bytes = dispatch.bindings[b].size();
@@ -89,6 +149,9 @@ Dispatch Kernel::prepare(const Dispatch &dispatch) const {
                  "-byte elements, or over 2^32 of them");
         prepared.scalar(static_cast<uint32_t>(bytes / element));
     }
+    // The tail padding of the struct the generated code declares (a double makes it a multiple
+    // of 8): CUDA takes the struct by value and checks its size.
+    prepared.scalars.resize(structBytes);
     return prepared;
 }
 
@@ -128,6 +191,15 @@ namespace backplane {
 void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch) {
     const Dispatch prepared = kernel.prepare(dispatch);
     const lang::detail::Module &module = kernel.module();
+    // What the device cannot do is refused here, before any compile: never a driver error or a
+    // silent wrong result (DeviceInfo::features, from the plugin).
+    if (const std::string missing = kernel.missingOn(device().features); !missing.empty())
+        throw Error(ErrorCode::Unsupported,
+                    "kernel '" + module.name + "' uses " + missing + ", which " + device().id() +
+                        " (" + device().name + ") does not have (its kernel features: " +
+                        device().features.describe() + "); pick a device that has it, or write "
+                        "the kernel without it",
+                    device().backend);
     if (device().accepts(Dialect::Host) && !device().accepts(Dialect::Cuda) &&
         !device().accepts(Dialect::Hip) && !device().accepts(Dialect::Glsl)) {
         // The interpreter cannot report an error from inside a workgroup: refuse here what it

@@ -3,6 +3,8 @@
 
 #include <backplane/error.hpp>
 
+#include <bit>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -37,41 +39,122 @@ public:
 private:
     // -- names and literals --------------------------------------------------------------------
 
+    /// The type a value of `t` has in the generated code: 8- and 16-bit integers are 32-bit
+    /// ints (C's promotion), f16 and bf16 are floats holding values rounded to their precision.
     std::string typeName(Type t) const {
         switch (t) {
         case Type::Bool: return "bool";
+        case Type::I8:
+        case Type::I16:
         case Type::I32: return "int";
+        case Type::U8:
+        case Type::U16:
         case Type::U32: return glsl_ ? "uint" : "unsigned";
+        case Type::F16:
+        case Type::BF16:
         case Type::F32: return "float";
+        case Type::I64: return glsl_ ? "int64_t" : "long long";
+        case Type::U64: return glsl_ ? "uint64_t" : "unsigned long long";
+        case Type::F64: return "double";
         }
         return "?";
     }
 
-    std::string literal(Type t, uint32_t bits) const {
+    /// The element type of a buffer of `t` (its bytes in memory).
+    std::string storageName(Type t) const {
+        switch (t) {
+        case Type::I8: return glsl_ ? "int8_t" : "signed char";
+        case Type::U8: return glsl_ ? "uint8_t" : "unsigned char";
+        case Type::I16: return glsl_ ? "int16_t" : "short";
+        case Type::U16:
+        case Type::F16:
+        case Type::BF16: return glsl_ ? "uint16_t" : "unsigned short";
+        default: return typeName(t);
+        }
+    }
+
+    std::string literal(Type t, uint64_t bits) const {
+        const auto low = static_cast<uint32_t>(bits);
         switch (t) {
         case Type::Bool: return bits ? "true" : "false";
+        case Type::I8:
+        case Type::I16:
         case Type::I32: {
-            const auto v = static_cast<int32_t>(bits);
+            const auto v = static_cast<int32_t>(low);
             return v == INT32_MIN ? "(-2147483647 - 1)" : std::to_string(v);
         }
-        case Type::U32: return std::to_string(bits) + "u";
-        case Type::F32: {
-            float f;
-            std::memcpy(&f, &bits, sizeof f);
-            if (!std::isfinite(f)) {
-                char hex[16];
-                std::snprintf(hex, sizeof hex, "0x%08xu", bits);
-                return glsl_ ? std::string("uintBitsToFloat(") + hex + ")"
-                             : std::string("__uint_as_float(") + hex + ")";
+        case Type::U8:
+        case Type::U16:
+        case Type::U32: return std::to_string(low) + "u";
+        case Type::I64: {
+            const auto v = static_cast<int64_t>(bits);
+            const char *suffix = glsl_ ? "l" : "ll";
+            if (v == INT64_MIN) return std::string("(-9223372036854775807") + suffix + " - 1" + suffix + ")";
+            return std::to_string(v) + suffix;
+        }
+        case Type::U64: return std::to_string(bits) + (glsl_ ? "ul" : "ull");
+        case Type::F16: return floatLiteral(std::bit_cast<uint32_t>(f16::toFloat(static_cast<uint16_t>(bits))));
+        case Type::BF16: return floatLiteral(std::bit_cast<uint32_t>(bf16::toFloat(static_cast<uint16_t>(bits))));
+        case Type::F32: return floatLiteral(low);
+        case Type::F64: {
+            double d;
+            std::memcpy(&d, &bits, sizeof d);
+            if (!std::isfinite(d)) {
+                char text[64];
+                if (glsl_)
+                    std::snprintf(text, sizeof text, "packDouble2x32(uvec2(0x%08xu, 0x%08xu))",
+                                  static_cast<unsigned>(bits), static_cast<unsigned>(bits >> 32));
+                else
+                    std::snprintf(text, sizeof text, "__longlong_as_double(0x%016llxll)",
+                                  static_cast<unsigned long long>(bits));
+                return text;
             }
-            char text[32];
-            std::snprintf(text, sizeof text, "%.9g", static_cast<double>(f));
-            std::string s = text;
-            if (s.find_first_of(".e") == std::string::npos) s += ".0";
-            return s + "f";
+            char text[40];
+            std::snprintf(text, sizeof text, "%.17g", d);
+            std::string out = text;
+            if (out.find_first_of(".e") == std::string::npos) out += ".0";
+            return out + (glsl_ ? "lf" : "");
         }
         }
         return "?";
+    }
+
+    std::string floatLiteral(uint32_t bits) const {
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        if (!std::isfinite(f)) {
+            char hex[16];
+            std::snprintf(hex, sizeof hex, "0x%08xu", bits);
+            return glsl_ ? std::string("uintBitsToFloat(") + hex + ")"
+                         : std::string("__uint_as_float(") + hex + ")";
+        }
+        char text[32];
+        std::snprintf(text, sizeof text, "%.9g", static_cast<double>(f));
+        std::string out = text;
+        if (out.find_first_of(".e") == std::string::npos) out += ".0";
+        return out + "f";
+    }
+
+    /// `expr` (of the 32-bit type that holds `t`) brought back to `t`: 8- and 16-bit integers
+    /// wrapped, f16 and bf16 rounded to nearest even. Other types unchanged.
+    std::string normalized(Type t, const std::string &expr) {
+        switch (t) {
+        case Type::I8:
+        case Type::I16: {
+            const char *bits = t == Type::I8 ? "8" : "16";
+            if (glsl_) return std::string("bitfieldExtract(int(") + expr + "), 0, " + bits + ")";
+            return std::string("(int)(") + (t == Type::I8 ? "signed char" : "short") + ")(" + expr + ")";
+        }
+        case Type::U8: return "((" + expr + ") & 0xffu)";
+        case Type::U16: return "((" + expr + ") & 0xffffu)";
+        case Type::F16:
+            helpers_.insert("bp_rh");
+            return "bp_rh(" + expr + ")";
+        case Type::BF16:
+            helpers_.insert("bp_rb");
+            return "bp_rb(" + expr + ")";
+        default: return expr;
+        }
     }
 
     /// The kernel name as it may appear in a comment: no control characters (a newline would end
@@ -172,24 +255,111 @@ private:
         return name + "(" + ref(n.a) + (n.b == kNone ? "" : ", " + ref(n.b)) + ")";
     }
 
+    /// The bits of 1 in type `t` (for casts from bool).
+    static uint64_t oneBits(Type t) {
+        switch (t) {
+        case Type::F32: return 0x3f800000u;
+        case Type::F16: return 0x3c00u;
+        case Type::BF16: return 0x3f80u;
+        case Type::F64: return 0x3ff0000000000000ull;
+        default: return 1u;
+        }
+    }
+
     std::string cast(const Node &n) {
         const Type from = m_.nodes[n.a].type, to = n.type;
         const std::string a = ref(n.a);
         if (from == to) return a;
         if (to == Type::Bool) return a + " != " + literal(from, 0);
-        if (from == Type::Bool)
-            return a + " ? " + literal(to, to == Type::F32 ? 0x3f800000u : 1u) + " : " + literal(to, 0);
-        if (from == Type::F32) return helper(to == Type::I32 ? "bp_f2i" : "bp_f2u", n);
-        return typeName(to) + "(" + a + ")";
+        if (from == Type::Bool) return a + " ? " + literal(to, oneBits(to)) + " : " + literal(to, 0);
+        if (isFloat(from) && isInteger(to)) {
+            // Saturating, NaN gives 0: through the 32-bit helpers (then clamped to a narrow
+            // type's range) or the 64-bit ones.
+            const bool wide = from == Type::F64;
+            if (isWide(to)) {
+                const char *name = isSigned(to) ? "bp_f2l" : "bp_f2ul";
+                helpers_.insert(name);
+                return std::string(name) + "(" + convert(Type::F64, a) + ")";
+            }
+            const std::string name = std::string(wide ? "bp_d2" : "bp_f2") + (isSigned(to) ? "i" : "u");
+            helpers_.insert(name);
+            const std::string wide32 = name + "(" + a + ")";
+            switch (to) {
+            case Type::I8: return "max(min(" + wide32 + ", 127), -128)";
+            case Type::I16: return "max(min(" + wide32 + ", 32767), -32768)";
+            case Type::U8: return "min(" + wide32 + ", 255u)";
+            case Type::U16: return "min(" + wide32 + ", 65535u)";
+            default: return wide32;
+            }
+        }
+        if (isFloat(to)) {
+            // Integers and floats to a float: through float for f16 and bf16, rounded.
+            if (to == Type::F16 || to == Type::BF16)
+                return normalized(to, convert(Type::F32, a));
+            if (from == Type::F16 || from == Type::BF16) // already a float holding the value
+                return to == Type::F32 ? a : convert(to, a);
+            return convert(to, a);
+        }
+        // Integer to integer: C's conversion (wraps to the low bits, sign-extends signed
+        // sources), then a narrow target wrapped.
+        return normalized(to, convert(to, a));
+    }
+
+    /// `expr` converted to the value type of `t` (C's conversion).
+    std::string convert(Type t, const std::string &expr) const {
+        return glsl_ ? typeName(t) + "(" + expr + ")" : "(" + typeName(t) + ")(" + expr + ")";
+    }
+
+    /// A load of a buffer element of `t` as its value type.
+    std::string fromStorage(Type t, const std::string &element) {
+        switch (t) {
+        case Type::I8:
+        case Type::I16: return glsl_ ? "int(" + element + ")" : "(int)" + element;
+        case Type::U8:
+        case Type::U16: return glsl_ ? "uint(" + element + ")" : "(unsigned)" + element;
+        case Type::F16:
+            helpers_.insert("bp_h2f");
+            return glsl_ ? "bp_h2f(uint(" + element + "))" : "bp_h2f(" + element + ")";
+        case Type::BF16:
+            helpers_.insert("bp_b2f");
+            return glsl_ ? "bp_b2f(uint(" + element + "))" : "bp_b2f(" + element + ")";
+        default: return element;
+        }
+    }
+
+    /// A value of `t` as a buffer element's bytes.
+    std::string toStorage(Type t, const std::string &value) {
+        if (t == Type::F16 || t == Type::BF16) {
+            const char *name = t == Type::F16 ? "bp_f2h" : "bp_f2b";
+            helpers_.insert(name);
+            return glsl_ ? "uint16_t(" + std::string(name) + "(" + value + "))"
+                         : "(unsigned short)" + std::string(name) + "(" + value + ")";
+        }
+        if (isNarrow(t)) return glsl_ ? storageName(t) + "(" + value + ")" : "(" + storageName(t) + ")(" + value + ")";
+        return value;
     }
 
     std::string atomic(const Node &n) {
-        static const char *names[] = {"atomicAdd", "atomicMin", "atomicMax", "atomicAnd",
-                                      "atomicOr",  "atomicXor", glsl_ ? "atomicExchange" : "atomicExch"};
+        // Not static: the exchange's name depends on the dialect of this printer.
+        const char *names[] = {"atomicAdd", "atomicMin", "atomicMax", "atomicAnd",
+                               "atomicOr",  "atomicXor", glsl_ ? "atomicExchange" : "atomicExch"};
         if (constantOutside(n.space, n.imm, n.a)) return literal(n.type, 0);
         const std::string element = indexed(n.space, n.imm, n.a);
-        const std::string op = std::string(names[static_cast<int>(n.atomicOp)]) + "(" +
-                               (glsl_ ? element : "&" + element) + ", " + ref(n.b) + ")";
+        std::string target = glsl_ ? element : "&" + element;
+        std::string value = ref(n.b);
+        std::string op;
+        if (hip_ && n.type == Type::I64 && (n.atomicOp == AtomicOp::Min || n.atomicOp == AtomicOp::Max)) {
+            // HIP has no signed 64-bit atomicMin/Max: a compare-and-swap loop.
+            const std::string name = n.atomicOp == AtomicOp::Min ? "bp_atomic_min_i64" : "bp_atomic_max_i64";
+            helpers_.insert(name);
+            op = name + "(" + target + ", " + value + ")";
+        } else if (!glsl_ && n.type == Type::I64 && n.atomicOp != AtomicOp::Min && n.atomicOp != AtomicOp::Max) {
+            // CUDA has these on unsigned long long only: the same two's-complement bits.
+            op = "(long long)" + std::string(names[static_cast<int>(n.atomicOp)]) +
+                 "((unsigned long long *)" + target + ", (unsigned long long)" + value + ")";
+        } else {
+            op = std::string(names[static_cast<int>(n.atomicOp)]) + "(" + target + ", " + value + ")";
+        }
         const std::string range = inRange(n.space, n.imm, n.a);
         return range.empty() ? op : "(" + range + ") ? " + op + " : " + literal(n.type, 0);
     }
@@ -218,15 +388,68 @@ private:
         }
     }
 
+    /// A value's expression: the operation in the value's generated type, then (8- and 16-bit
+    /// types) brought back to the type.
     std::string expression(const Node &n) {
-        const bool f = n.type == Type::F32 || (n.a != kNone && m_.nodes[n.a].type == Type::F32);
+        const std::string raw = operation(n);
+        switch (n.op) {
+        case Op::Neg:
+        case Op::BitNot:
+        case Op::Add:
+        case Op::Sub:
+        case Op::Mul:
+        case Op::Div:
+        case Op::Rem:
+        case Op::Shl:
+        case Op::Shr:
+        case Op::Abs:
+        case Op::Pow:
+        case Op::Sqrt:
+        case Op::Rsqrt:
+        case Op::Exp:
+        case Op::Log:
+        case Op::Sin:
+        case Op::Cos:
+        case Op::Tanh:
+        case Op::SubgroupSum: return normalized(n.type, raw);
+        default: return raw;
+        }
+    }
+
+    /// A float function: CUDA's float or double name, GLSL's (which has no double versions of
+    /// the transcendental functions: such a use becomes an #error naming it).
+    std::string math(const Node &n, const char *cudaFloat, const char *cudaDouble, const char *glsl,
+                     bool glslDouble, std::initializer_list<uint32_t> args) {
+        const bool dbl = m_.nodes[n.a].type == Type::F64;
+        if (glsl_ && dbl && !glslDouble)
+            refusals_.insert(std::string("f64 ") + glsl + "() has no GLSL function; use f32 on "
+                             "Vulkan devices");
+        return call(dbl ? cudaDouble : cudaFloat, glsl, args);
+    }
+
+    std::string operation(const Node &n) {
+        const Type t = n.a != kNone ? m_.nodes[n.a].type : n.type; // the operands' type
+        const bool f = isFloat(t);
+        const bool dbl = t == Type::F64;
         const bool isBool = n.type == Type::Bool && (n.a == kNone || m_.nodes[n.a].type == Type::Bool);
+        const auto helperFor = [&](const char *op) {
+            const char *kind = t == Type::I64   ? "i64"
+                               : t == Type::U64 ? "u64"
+                               : isSigned(t)    ? "i32"
+                                                : "u32";
+            return helper(std::string("bp_") + op + "_" + kind, n);
+        };
+        const auto shift = [&](const char *op) {
+            const std::string mask = isWide(t) ? literal(t, 63) : literal(t, 31);
+            return ref(n.a) + " " + op + " (" + ref(n.b) + " & " + mask + ")";
+        };
         switch (n.op) {
         case Op::Load: {
             if (n.space != Space::Var && constantOutside(n.space, n.imm, n.a))
                 return literal(n.type, 0);
-            const std::string element = n.space == Space::Var ? memory(n.space, n.imm)
-                                                              : indexed(n.space, n.imm, n.a);
+            std::string element = n.space == Space::Var ? memory(n.space, n.imm)
+                                                        : indexed(n.space, n.imm, n.a);
+            if (n.space == Space::Buffer) element = fromStorage(n.type, element);
             const std::string range = n.space == Space::Var ? "" : inRange(n.space, n.imm, n.a);
             return range.empty() ? element : "(" + range + ") ? " + element + " : " + literal(n.type, 0);
         }
@@ -238,15 +461,19 @@ private:
         case Op::Mul: return infix("*", n);
         case Op::Div:
             if (f) return infix("/", n);
-            return helper(n.type == Type::I32 ? "bp_div_i32" : "bp_div_u32", n);
-        case Op::Rem: return helper(n.type == Type::I32 ? "bp_rem_i32" : "bp_rem_u32", n);
-        case Op::Min: return f && !glsl_ ? call("fminf", "min", {n.a, n.b}) : call("min", "min", {n.a, n.b});
-        case Op::Max: return f && !glsl_ ? call("fmaxf", "max", {n.a, n.b}) : call("max", "max", {n.a, n.b});
+            return helperFor("div");
+        case Op::Rem: return helperFor("rem");
+        case Op::Min:
+            if (f && !glsl_) return call(dbl ? "fmin" : "fminf", "min", {n.a, n.b});
+            return call("min", "min", {n.a, n.b});
+        case Op::Max:
+            if (f && !glsl_) return call(dbl ? "fmax" : "fmaxf", "max", {n.a, n.b});
+            return call("max", "max", {n.a, n.b});
         case Op::And: return infix(isBool ? "&&" : "&", n);
         case Op::Or: return infix(isBool ? "||" : "|", n);
         case Op::Xor: return infix(isBool ? "!=" : "^", n);
-        case Op::Shl: return ref(n.a) + " << (" + ref(n.b) + " & 31" + (n.type == Type::U32 ? "u" : "") + ")";
-        case Op::Shr: return ref(n.a) + " >> (" + ref(n.b) + " & 31" + (n.type == Type::U32 ? "u" : "") + ")";
+        case Op::Shl: return shift("<<");
+        case Op::Shr: return shift(">>");
         case Op::Eq: return infix("==", n);
         case Op::Ne: return infix("!=", n);
         case Op::Lt: return infix("<", n);
@@ -255,18 +482,21 @@ private:
         case Op::Ge: return infix(">=", n);
         case Op::Select: return ref(n.a) + " ? " + ref(n.b) + " : " + ref(n.c);
         case Op::Cast: return cast(n);
-        case Op::Fma: return call("fmaf", "fma", {n.a, n.b, n.c});
-        case Op::Pow: return call("powf", "pow", {n.a, n.b});
-        case Op::Abs: return f ? call("fabsf", "abs", {n.a}) : n.type == Type::U32 ? ref(n.a) : call("abs", "abs", {n.a});
-        case Op::Sqrt: return call("sqrtf", "sqrt", {n.a});
-        case Op::Rsqrt: return call("rsqrtf", "inversesqrt", {n.a});
-        case Op::Exp: return call("expf", "exp", {n.a});
-        case Op::Log: return call("logf", "log", {n.a});
-        case Op::Sin: return call("sinf", "sin", {n.a});
-        case Op::Cos: return call("cosf", "cos", {n.a});
-        case Op::Tanh: return call("tanhf", "tanh", {n.a});
-        case Op::Floor: return call("floorf", "floor", {n.a});
-        case Op::Ceil: return call("ceilf", "ceil", {n.a});
+        case Op::Fma: return call(dbl ? "fma" : "fmaf", "fma", {n.a, n.b, n.c});
+        case Op::Pow: return math(n, "powf", "pow", "pow", false, {n.a, n.b});
+        case Op::Abs:
+            if (f) return call(dbl ? "fabs" : "fabsf", "abs", {n.a});
+            if (!isSigned(t)) return ref(n.a);
+            return call(t == Type::I64 ? "llabs" : "abs", "abs", {n.a});
+        case Op::Sqrt: return math(n, "sqrtf", "sqrt", "sqrt", true, {n.a});
+        case Op::Rsqrt: return math(n, "rsqrtf", "rsqrt", "inversesqrt", true, {n.a});
+        case Op::Exp: return math(n, "expf", "exp", "exp", false, {n.a});
+        case Op::Log: return math(n, "logf", "log", "log", false, {n.a});
+        case Op::Sin: return math(n, "sinf", "sin", "sin", false, {n.a});
+        case Op::Cos: return math(n, "cosf", "cos", "cos", false, {n.a});
+        case Op::Tanh: return math(n, "tanhf", "tanh", "tanh", false, {n.a});
+        case Op::Floor: return math(n, "floorf", "floor", "floor", true, {n.a});
+        case Op::Ceil: return math(n, "ceilf", "ceil", "ceil", true, {n.a});
         case Op::Atomic: return atomic(n);
         case Op::SubgroupSum:
         case Op::SubgroupMin:
@@ -296,7 +526,7 @@ private:
         case StmtKind::Let: {
             const Node &n = m_.nodes[s.node];
             // GLSL: `precise` keeps a*b+c two roundings (SPIR-V NoContraction) and fma() fused.
-            const std::string qualifier = glsl_ && n.type == Type::F32 ? "precise " : "";
+            const std::string qualifier = glsl_ && isFloat(n.type) ? "precise " : "";
             line(qualifier + typeName(n.type) + " v" + std::to_string(s.node) + " = " + expression(n) + ";");
             break;
         }
@@ -309,8 +539,11 @@ private:
             const std::string element = s.space == Space::Var
                                             ? memory(s.space, s.target)
                                             : indexed(s.space, s.target, s.index);
+            const std::string stored =
+                s.space == Space::Buffer ? toStorage(m_.bindings[s.target].type, ref(s.value))
+                                         : ref(s.value);
             const std::string range = s.space == Space::Var ? "" : inRange(s.space, s.target, s.index);
-            line((range.empty() ? "" : "if (" + range + ") ") + element + " = " + ref(s.value) + ";");
+            line((range.empty() ? "" : "if (" + range + ") ") + element + " = " + stored + ";");
             break;
         }
         case StmtKind::DeclareVar:
@@ -379,12 +612,14 @@ private:
                  "spirv_execution_mode(extensions = [\"SPV_KHR_float_controls\"], "
                  "capabilities = [4466], 4461, 32);\n"
                  "#endif\n";
+            h += typeExtensions();
+            for (const std::string &why : refusals_) h += "#error " + why + "\n";
             h += "layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;\n";
             for (uint32_t b = 0; b < m_.bindings.size(); ++b) {
                 const BindingDecl &d = m_.bindings[b];
                 const char *access = d.access == Access::Read ? "readonly " : d.access == Access::Write ? "writeonly " : "";
                 h += "layout(set = 0, binding = " + std::to_string(b) + ", std430) " + access + "buffer B" +
-                     std::to_string(b) + " { " + typeName(d.type) + " b" + std::to_string(b) + "[]; };\n";
+                     std::to_string(b) + " { " + storageName(d.type) + " b" + std::to_string(b) + "[]; };\n";
             }
             if (m_.scalarStructBytes() > 0)
                 h += "layout(push_constant, std430) uniform Scalars {" + scalarStruct() + " } s;\n";
@@ -403,11 +638,41 @@ private:
         std::string s = "extern \"C\" __global__ void " + m_.entryPoint + "(";
         for (uint32_t b = 0; b < m_.bindings.size(); ++b) {
             const BindingDecl &d = m_.bindings[b];
-            s += std::string(b ? ", " : "") + (d.access == Access::Read ? "const " : "") + typeName(d.type) +
+            s += std::string(b ? ", " : "") + (d.access == Access::Read ? "const " : "") + storageName(d.type) +
                  " *b" + std::to_string(b);
         }
         if (m_.scalarStructBytes() > 0) s += std::string(m_.bindings.empty() ? "" : ", ") + "bp_scalars s";
         return s + ") {\n";
+    }
+
+    /// The GLSL extensions the types of the kernel need (the device must have the matching
+    /// features: the core refuses the kernel where DeviceInfo::features lacks them).
+    std::string typeExtensions() const {
+        bool storage8 = false, storage16 = false, int64 = false, atomic64 = false, atomicF = false;
+        const auto note = [&](Type t) { int64 = int64 || t == Type::I64 || t == Type::U64; };
+        for (const BindingDecl &d : m_.bindings) {
+            storage8 = storage8 || d.type == Type::I8 || d.type == Type::U8;
+            storage16 = storage16 || d.type == Type::I16 || d.type == Type::U16 ||
+                        d.type == Type::F16 || d.type == Type::BF16;
+            note(d.type);
+        }
+        for (Type t : m_.scalars) note(t);
+        for (Type t : m_.vars) note(t);
+        for (const ArrayDecl &a : m_.arrays) note(a.type);
+        for (const Node &n : m_.nodes) {
+            note(n.type);
+            if (n.op == Op::Atomic) {
+                atomic64 = atomic64 || isWide(n.type);
+                atomicF = atomicF || n.type == Type::F32;
+            }
+        }
+        std::string h;
+        if (storage8) h += "#extension GL_EXT_shader_8bit_storage : require\n";
+        if (storage16) h += "#extension GL_EXT_shader_16bit_storage : require\n";
+        if (int64) h += "#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require\n";
+        if (atomic64) h += "#extension GL_EXT_shader_atomic_int64 : require\n";
+        if (atomicF) h += "#extension GL_EXT_shader_atomic_float : require\n";
+        return h;
     }
 
     /// The helper functions the body used, in a fixed order.
@@ -429,6 +694,74 @@ private:
                       "x >= 2147483648.0f ? 2147483647 : int(x); }");
         add("bp_f2u", u + " bp_f2u(float x) { return isnan(x) || x <= 0.0f ? 0u : x >= 4294967296.0f ? "
                           "4294967295u : " + u + "(x); }");
+        // 64-bit integers: the same rules as the 32-bit helpers.
+        const std::string i64 = glsl_ ? "int64_t" : "long long";
+        const std::string u64 = glsl_ ? "uint64_t" : "unsigned long long";
+        const std::string l = glsl_ ? "l" : "ll";
+        const auto cv = [&](const std::string &type, const std::string &expr) {
+            return glsl_ ? type + "(" + expr + ")" : "(" + type + ")(" + expr + ")";
+        };
+        add("bp_div_i64", i64 + " bp_div_i64(" + i64 + " a, " + i64 + " b) { return b == 0" + l +
+                              " ? 0" + l + " : b == -1" + l + " ? " + cv(i64, "0u" + l + " - " + cv(u64, "a")) +
+                              " : a / b; }");
+        add("bp_rem_i64", i64 + " bp_rem_i64(" + i64 + " a, " + i64 + " b) { return b == 0" + l +
+                              " || b == -1" + l + " ? 0" + l + " : a - b * (a / b); }");
+        add("bp_div_u64", u64 + " bp_div_u64(" + u64 + " a, " + u64 + " b) { return b == 0u" + l +
+                              " ? 0u" + l + " : a / b; }");
+        add("bp_rem_u64", u64 + " bp_rem_u64(" + u64 + " a, " + u64 + " b) { return b == 0u" + l +
+                              " ? 0u" + l + " : a % b; }");
+        const std::string dnan = glsl_ ? "isnan(x)" : "x != x";
+        add("bp_d2i", "int bp_d2i(double x) { return " + dnan + " ? 0 : x <= -2147483648.0 ? (-2147483647 - 1) : "
+                      "x >= 2147483648.0 ? 2147483647 : int(x); }");
+        add("bp_d2u", u + " bp_d2u(double x) { return " + dnan + " || x <= 0.0 ? 0u : x >= 4294967296.0 ? "
+                          "4294967295u : " + u + "(x); }");
+        add("bp_f2l", i64 + " bp_f2l(double x) { return " + dnan + " ? 0" + l + " : x <= -9223372036854775808.0 ? "
+                          "(-9223372036854775807" + l + " - 1" + l + ") : x >= 9223372036854775808.0 ? "
+                          "9223372036854775807" + l + " : " + cv(i64, "x") + "; }");
+        add("bp_f2ul", u64 + " bp_f2ul(double x) { return " + dnan + " || x <= 0.0 ? 0u" + l +
+                           " : x >= 18446744073709551616.0 ? 18446744073709551615u" + l + " : " + cv(u64, "x") +
+                           "; }");
+        // f16 and bf16: their bits to float and back, rounding to nearest even (NaN stays a
+        // quiet NaN, overflow gives infinity), as core/src/comm/host_reduce.cpp does on the host.
+        const std::string f2u = glsl_ ? "floatBitsToUint" : "__float_as_uint";
+        const std::string u2f = glsl_ ? "uintBitsToFloat" : "__uint_as_float";
+        const bool needHalf = helpers_.count("bp_h2f") || helpers_.count("bp_f2h") || helpers_.count("bp_rh");
+        const bool needBf16 = helpers_.count("bp_b2f") || helpers_.count("bp_f2b") || helpers_.count("bp_rb");
+        if (needHalf) {
+            text += fn + "float bp_h2f(" + u + " h) { " + u + " sign = (h & 0x8000u) << 16; " + u +
+                    " e = (h >> 10) & 0x1fu; " + u + " m = h & 0x3ffu; "
+                    "if (e == 0u) return (sign != 0u ? -1.0f : 1.0f) * float(m) * 5.9604644775390625e-8f; "
+                    "if (e == 31u) return " + u2f + "(sign | 0x7f800000u | (m << 13)); "
+                    "return " + u2f + "(sign | ((e + 112u) << 23) | (m << 13)); }\n";
+            text += fn + u + " bp_f2h(float f) { " + u + " x = " + f2u + "(f); " + u +
+                    " sign = (x >> 16) & 0x8000u; " + u + " a = x & 0x7fffffffu; "
+                    "if (a >= 0x7f800000u) return sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u); "
+                    "if (a >= 0x477ff000u) return sign | 0x7c00u; "
+                    "if (a < 0x38800000u) { if (a < 0x33000000u) return sign; " + u +
+                    " m = (a & 0x7fffffu) | 0x800000u; " + u + " sh = 126u - (a >> 23); " + u +
+                    " r = m >> sh; " + u + " rest = m & ((1u << sh) - 1u); " + u +
+                    " half_ = 1u << (sh - 1u); if (rest > half_ || (rest == half_ && (r & 1u) != 0u)) r += 1u; "
+                    "return sign | r; } " + u + " v = a - 0x38000000u; " + u +
+                    " rest = v & 0x1fffu; v >>= 13; "
+                    "if (rest > 0x1000u || (rest == 0x1000u && (v & 1u) != 0u)) v += 1u; return sign | v; }\n";
+            text += fn + "float bp_rh(float f) { return bp_h2f(bp_f2h(f)); }\n";
+        }
+        if (needBf16) {
+            text += fn + "float bp_b2f(" + u + " b) { return " + u2f + "(b << 16); }\n";
+            text += fn + u + " bp_f2b(float f) { " + u + " x = " + f2u + "(f); "
+                    "if ((x & 0x7fffffffu) > 0x7f800000u) return ((x >> 16) | 0x40u) & 0xffffu; "
+                    "return ((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) & 0xffffu; }\n";
+            text += fn + "float bp_rb(float f) { return bp_b2f(bp_f2b(f)); }\n";
+        }
+        for (const char *which : {"min", "max"}) {
+            const std::string name = std::string("bp_atomic_") + which + "_i64";
+            if (!helpers_.count(name)) continue;
+            const char *keep = std::string(which) == "min" ? "cur <= v" : "cur >= v";
+            text += fn + "long long " + name + "(long long *p, long long v) { unsigned long long *q = "
+                    "(unsigned long long *)p; unsigned long long old = *q, assumed; do { assumed = old; "
+                    "long long cur = (long long)assumed; if (" + keep + ") break; old = atomicCAS(q, "
+                    "assumed, (unsigned long long)v); } while (old != assumed); return (long long)old; }\n";
+        }
         if (!glsl_) {
             for (const char *t : {"int", "unsigned", "float"})
                 for (const char *w : {"Add", "Min", "Max"}) {
@@ -450,6 +783,9 @@ private:
     std::ostringstream *out_ = nullptr;
     int depth_ = 0;
     std::set<std::string> helpers_;
+    /// What GLSL cannot express, each printed as an #error line (the Vulkan compile then fails
+    /// naming it).
+    std::set<std::string> refusals_;
 };
 
 const char *atomicName(AtomicOp op) {

@@ -103,6 +103,17 @@ ProbeOutcome probePlugin(const std::filesystem::path &path, const std::string &n
 
 namespace {
 
+/// The kernel features as masks, and matrix shapes as [m, n, k, a, b, c].
+Json featuresJson(const KernelFeatures &f) {
+    Json shapes = Json::array();
+    for (const MatrixShape &s : f.matrixShapes)
+        shapes.push_back({s.m, s.n, s.k, static_cast<uint32_t>(s.a), static_cast<uint32_t>(s.b),
+                          static_cast<uint32_t>(s.c)});
+    return {{"storage", f.storage},         {"arithmetic", f.arithmetic},
+            {"atomic_add", f.atomicAdd},     {"atomic_bits", f.atomicBits},
+            {"vector_widths", f.vectorWidths}, {"matrix_shapes", shapes}};
+}
+
 Json deviceJson(const DeviceInfo &d) {
     Json uuid = Json::array();
     for (const uint8_t b : d.uuid) uuid.push_back(b);
@@ -128,7 +139,8 @@ Json deviceJson(const DeviceInfo &d) {
             {"max_streams", d.maxStreams},
             {"dialects", d.dialects},
             {"capabilities", d.capabilities},
-            {"collectives", d.collectives}};
+            {"collectives", d.collectives},
+            {"kernel_features", featuresJson(d.features)}};
 }
 
 /// Reads the fields of a probe answer or record, each checked; errors name the pointer.
@@ -178,6 +190,38 @@ private:
     std::string pointer_;
 };
 
+KernelFeatures featuresFromJson(const Json &j, const std::string &pointer) {
+    constexpr uint64_t kTypeMask = (1u << kElementTypeCount) - 1;
+    const AnswerReader r(j, pointer);
+    KernelFeatures f;
+    f.storage = static_cast<uint32_t>(r.number("storage", kTypeMask));
+    f.arithmetic = static_cast<uint32_t>(r.number("arithmetic", kTypeMask));
+    f.atomicAdd = static_cast<uint32_t>(r.number("atomic_add", kTypeMask));
+    f.atomicBits = static_cast<uint32_t>(r.number("atomic_bits", kTypeMask));
+    f.vectorWidths = static_cast<uint32_t>(r.number("vector_widths", 0x1ff));
+    const Json &shapes = r.at("matrix_shapes");
+    if (!shapes.is_array() || shapes.size() > BP_MAX_MATRIX_SHAPES)
+        r.fail("matrix_shapes", "expected an array of at most " +
+                                    std::to_string(BP_MAX_MATRIX_SHAPES) + " shapes");
+    for (const Json &shape : shapes) {
+        const bool valid = shape.is_array() && shape.size() == 6 &&
+                           std::all_of(shape.begin(), shape.end(), [](const Json &v) {
+                               return v.is_number_unsigned() && v.get<uint64_t>() <= UINT16_MAX;
+                           });
+        if (!valid || shape[0] == 0 || shape[1] == 0 || shape[2] == 0 ||
+            shape[3].get<uint64_t>() >= kElementTypeCount ||
+            shape[4].get<uint64_t>() >= kElementTypeCount ||
+            shape[5].get<uint64_t>() >= kElementTypeCount)
+            r.fail("matrix_shapes", "expected [m, n, k, a, b, c] with m, n, k > 0 and known types");
+        const auto at = [&](size_t i) { return shape[i].get<uint64_t>(); };
+        f.matrixShapes.push_back({static_cast<uint16_t>(at(0)), static_cast<uint16_t>(at(1)),
+                                  static_cast<uint16_t>(at(2)), static_cast<ElementType>(at(3)),
+                                  static_cast<ElementType>(at(4)),
+                                  static_cast<ElementType>(at(5))});
+    }
+    return f;
+}
+
 DeviceInfo deviceFromJson(const Json &j, const std::string &backend, const std::string &pointer) {
     const AnswerReader r(j, pointer);
     DeviceInfo d;
@@ -208,6 +252,10 @@ DeviceInfo deviceFromJson(const Json &j, const std::string &backend, const std::
     d.dialects = static_cast<uint32_t>(r.number("dialects"));
     d.capabilities = static_cast<uint32_t>(r.number("capabilities"));
     if (j.contains("collectives")) d.collectives = r.text("collectives"); // since ABI 1.1
+    // An answer of a backplane-probe older than ABI 1.4 has none: what 1.3 kernels had.
+    d.features = j.contains("kernel_features")
+                     ? featuresFromJson(r.at("kernel_features"), pointer + "/kernel_features")
+                     : kernelFeaturesBeforeAbi14();
     return d;
 }
 

@@ -72,7 +72,8 @@ std::optional<std::string> probeCacheKey(const fs::path &library,
     struct stat st {};
     if (ec || ::stat(canonical.c_str(), &st) != 0) return std::nullopt;
     const uint64_t optionsHash = fnv1a64(options.optionsJson, fnv1a64(options.cacheDir));
-    return "probe v3\n" + canonical.string() + "\n" + fileIdentity(st) + "\noptions " +
+    // v4: answers carry the devices' kernel_features (ABI 1.4); older records lack them.
+    return "probe v4\n" + canonical.string() + "\n" + fileIdentity(st) + "\noptions " +
            std::to_string(optionsHash) + "\nenvironment " +
            std::to_string(fnv1a64(driverEnvironment()));
 }

@@ -5,6 +5,7 @@
 
 #include <backplane/error.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -32,6 +33,81 @@ const char *toString(Dialect dialect) noexcept {
     return "unknown";
 }
 
+const char *toString(ElementType type) noexcept {
+    switch (type) {
+    case ElementType::Bool: return "bool";
+    case ElementType::I8: return "i8";
+    case ElementType::U8: return "u8";
+    case ElementType::I16: return "i16";
+    case ElementType::U16: return "u16";
+    case ElementType::I32: return "i32";
+    case ElementType::U32: return "u32";
+    case ElementType::I64: return "i64";
+    case ElementType::U64: return "u64";
+    case ElementType::F16: return "f16";
+    case ElementType::BF16: return "bf16";
+    case ElementType::F32: return "f32";
+    case ElementType::F64: return "f64";
+    }
+    return "unknown";
+}
+
+namespace {
+
+/// The types of `mask` by name; a run of three or more integer types in enumeration order is
+/// shortened to "first..last" ("i8..u64"). "none" for an empty mask.
+std::string typeList(uint32_t mask) {
+    constexpr int kFirstInteger = static_cast<int>(ElementType::I8);
+    constexpr int kLastInteger = static_cast<int>(ElementType::U64);
+    const auto has = [&](int t) { return ((mask >> t) & 1u) != 0; };
+    std::string out;
+    const auto add = [&](const std::string &word) { out += (out.empty() ? "" : " ") + word; };
+    for (int t = 0; t < kElementTypeCount; ++t) {
+        if (!has(t)) continue;
+        int last = t;
+        if (t >= kFirstInteger && t <= kLastInteger)
+            while (last + 1 <= kLastInteger && has(last + 1)) ++last;
+        if (last - t >= 2) {
+            add(std::string(toString(static_cast<ElementType>(t))) + ".." +
+                toString(static_cast<ElementType>(last)));
+            t = last;
+        } else {
+            add(toString(static_cast<ElementType>(t)));
+        }
+    }
+    return out.empty() ? "none" : out;
+}
+
+} // namespace
+
+std::string KernelFeatures::describe() const {
+    std::string vectors;
+    for (const uint32_t n : {2u, 4u, 8u})
+        if (loadsVectorsOf(n)) vectors += (vectors.empty() ? "" : " ") + std::to_string(n);
+    // Shapes grouped by their types, in the order the plugin listed them:
+    // "16x16x16 32x8x16 f16*f16+f32, 16x16x16 bf16*bf16+f32".
+    std::string matrix;
+    std::vector<bool> done(matrixShapes.size(), false);
+    for (size_t i = 0; i < matrixShapes.size(); ++i) {
+        if (done[i]) continue;
+        const MatrixShape &first = matrixShapes[i];
+        std::string group;
+        for (size_t j = i; j < matrixShapes.size(); ++j) {
+            const MatrixShape &s = matrixShapes[j];
+            if (done[j] || s.a != first.a || s.b != first.b || s.c != first.c) continue;
+            done[j] = true;
+            group += std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+                     std::to_string(s.k) + " ";
+        }
+        matrix += (matrix.empty() ? "" : ", ") + group + toString(first.a) + "*" +
+                  toString(first.b) + "+" + toString(first.c);
+    }
+    return "types " + typeList(storage) + "; native " + typeList(arithmetic) + "; atomic add " +
+           typeList(atomicAdd) + "; atomic bits " + typeList(atomicBits) + "; vectors " +
+           (vectors.empty() ? "none" : vectors) + "; matrix " +
+           (matrix.empty() ? "none" : matrix);
+}
+
 std::string DeviceInfo::uuidString() const {
     if (!hasUuid) return {};
     char text[37];
@@ -50,7 +126,43 @@ namespace detail {
 namespace {
 /// A field the plugin filled: cut at its size when it has no NUL, made safe to print and JSON.
 std::string fixedString(const char *text, size_t capacity) { return fieldText(text, capacity); }
+
+constexpr uint32_t typeBit(ElementType t) { return 1u << static_cast<unsigned>(t); }
+constexpr uint32_t kKnownTypes = (1u << kElementTypeCount) - 1;
+constexpr uint32_t kKnownVectorWidths = (1u << 2) | (1u << 4) | (1u << 8);
+
+/// The 1.4 fields of `in`, which the plugin filled (struct_size covers them): bits of types the
+/// core does not know are dropped, and so are matrix shapes it could not use.
+KernelFeatures kernelFeaturesOf(const bp_device_info &in) {
+    KernelFeatures out;
+    out.storage = in.element_storage & kKnownTypes;
+    out.arithmetic = in.element_arithmetic & kKnownTypes;
+    out.atomicAdd = in.element_atomic_add & kKnownTypes;
+    out.atomicBits = in.element_atomic_bits & kKnownTypes;
+    out.vectorWidths = in.vector_widths & kKnownVectorWidths;
+    const uint32_t count = std::min<uint32_t>(in.matrix_shape_count, BP_MAX_MATRIX_SHAPES);
+    for (uint32_t i = 0; i < count; ++i) {
+        const bp_matrix_shape &s = in.matrix_shapes[i];
+        if (s.m == 0 || s.n == 0 || s.k == 0 || s.a >= kElementTypeCount ||
+            s.b >= kElementTypeCount || s.c >= kElementTypeCount)
+            continue;
+        out.matrixShapes.push_back({s.m, s.n, s.k, static_cast<ElementType>(s.a),
+                                    static_cast<ElementType>(s.b),
+                                    static_cast<ElementType>(s.c)});
+    }
+    return out;
+}
 } // namespace
+
+KernelFeatures kernelFeaturesBeforeAbi14() {
+    KernelFeatures out;
+    out.storage = typeBit(ElementType::Bool) | typeBit(ElementType::I32) |
+                  typeBit(ElementType::U32) | typeBit(ElementType::F32);
+    out.arithmetic = out.storage;
+    out.atomicAdd = typeBit(ElementType::I32) | typeBit(ElementType::U32);
+    out.atomicBits = out.atomicAdd;
+    return out;
+}
 
 DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_device_info &in) {
     constexpr uint64_t kMaxBindingAlignment = 1u << 20;
@@ -92,6 +204,10 @@ DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_dev
     out.dialects = in.dialects;
     out.capabilities = in.capabilities;
     out.collectives = fixedString(in.collectives, sizeof(in.collectives));
+    // ABI 1.4 appended the kernel features: a plugin whose struct ends before them gets what
+    // ABI 1.3 kernels had (PluginLibrary::deviceInfo also cuts struct_size for tables < 1.4).
+    out.features = in.struct_size >= kDeviceInfoSize14 ? kernelFeaturesOf(in)
+                                                       : kernelFeaturesBeforeAbi14();
     return out;
 }
 

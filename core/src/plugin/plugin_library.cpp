@@ -8,6 +8,7 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -340,6 +341,9 @@ bp_device_info PluginLibrary::deviceInfo(uint32_t index) const {
         throwStatus(status, error, name_,
                     name_ + " device_info(" + std::to_string(index) + ") failed");
     // An older plugin fills fewer fields; the rest stay zero, which the core treats as unknown.
+    // One that did not write struct_size back (no SDK) still filled none of the fields its ABI
+    // minor lacks: toDeviceInfo gives it the defaults of its version.
+    if (abiMinor() < 4) info.struct_size = std::min(info.struct_size, kDeviceInfoSize13);
     return info;
 }
 

@@ -140,14 +140,38 @@ Selection selectFrom(const Runtime::Impl &impl, const std::vector<std::string> &
     return selection;
 }
 
+/// The type names of a KernelFeatures mask, in ElementType order.
+Json typeNames(uint32_t mask) {
+    Json names = Json::array();
+    for (int t = 0; t < kElementTypeCount; ++t)
+        if ((mask >> t) & 1u) names.push_back(toString(static_cast<ElementType>(t)));
+    return names;
+}
+
+/// "kernel_features" of one route (docs/devices-json.md).
+Json kernelFeaturesJson(const KernelFeatures &f) {
+    Json widths = Json::array();
+    for (const uint32_t n : {2u, 4u, 8u})
+        if (f.loadsVectorsOf(n)) widths.push_back(n);
+    Json shapes = Json::array();
+    for (const MatrixShape &s : f.matrixShapes)
+        shapes.push_back({{"m", s.m}, {"n", s.n}, {"k", s.k}, {"a", toString(s.a)},
+                          {"b", toString(s.b)}, {"c", toString(s.c)}});
+    return {{"storage", typeNames(f.storage)},       {"arithmetic", typeNames(f.arithmetic)},
+            {"atomic_add", typeNames(f.atomicAdd)},   {"atomic_bits", typeNames(f.atomicBits)},
+            {"vector_widths", widths},                {"matrix_shapes", shapes}};
+}
+
 Json deviceJson(const PhysicalDevice &device) {
     const DeviceInfo &d = device.info();
     Json routes = Json::array();
     Json collectives = Json::object();
+    Json features = Json::object();
     for (const auto &r : device.routes) {
         routes.push_back(r.id());
         collectives[r.id()] = {{"available", (r.capabilities & BP_CAPABILITY_COLLECTIVES) != 0},
                                {"engine", r.collectives}};
+        features[r.id()] = kernelFeaturesJson(r.features);
     }
     return {
         {"id", d.id()},
@@ -162,6 +186,7 @@ Json deviceJson(const PhysicalDevice &device) {
         {"routes", routes},
         {"preferred_route", d.id()},
         {"collectives", collectives},
+        {"kernel_features", features},
     };
 }
 

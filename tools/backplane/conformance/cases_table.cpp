@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace backplane::conformance {
@@ -306,6 +307,69 @@ CONFORMANCE_CASE("info.older_host_struct",
                                       " past the caller's struct_size of " + std::to_string(kOlder));
     require(std::memcmp(g.info.name, ctx.info().name, sizeof(g.info.name)) == 0,
             "device_info with the smaller struct described another name");
+}
+
+CONFORMANCE_CASE("info.kernel_features",
+                 "kernel features (ABI 1.4): bool/i32/u32/f32 stored and computed, the rest only "
+                 "on stored types, known bits, valid matrix shapes, the same every time") {
+    constexpr size_t kEnd = offsetof(bp_device_info, matrix_shapes) +
+                            sizeof(bp_device_info::matrix_shapes);
+    if (ctx.api().abi_minor < 4)
+        throw NotApplicable("the plugin speaks ABI 1." + std::to_string(ctx.api().abi_minor) +
+                            "; kernel features came with 1.4");
+    const bp_device_info &i = ctx.info();
+    require(i.struct_size >= kEnd, "an ABI 1.4 plugin wrote back struct_size " +
+                                       std::to_string(i.struct_size) + ", which ends before " +
+                                       "matrix_shapes (" + std::to_string(kEnd) + ")");
+    constexpr uint32_t kKnownTypes = (1u << (BP_ELEMENT_F64 + 1)) - 1;
+    constexpr uint32_t kBase = (1u << BP_ELEMENT_BOOL) | (1u << BP_ELEMENT_I32) |
+                               (1u << BP_ELEMENT_U32) | (1u << BP_ELEMENT_F32);
+    const std::pair<const char *, uint32_t> masks[] = {
+        {"element_storage", i.element_storage},
+        {"element_arithmetic", i.element_arithmetic},
+        {"element_atomic_add", i.element_atomic_add},
+        {"element_atomic_bits", i.element_atomic_bits}};
+    for (const auto &[name, mask] : masks) {
+        require((mask & ~kKnownTypes) == 0, std::string(name) +
+                                                " has bits of no bp_element_type: " +
+                                                std::to_string(mask & ~kKnownTypes));
+        require((mask & ~i.element_storage) == 0,
+                std::string(name) + " names types that element_storage lacks: mask " +
+                    std::to_string(mask & ~i.element_storage));
+    }
+    require((i.element_storage & kBase) == kBase,
+            "element_storage lacks one of bool, i32, u32, f32 (mask " +
+                std::to_string(i.element_storage) + ")");
+    require((i.element_arithmetic & kBase) == kBase,
+            "element_arithmetic lacks one of bool, i32, u32, f32 (mask " +
+                std::to_string(i.element_arithmetic) + ")");
+    constexpr uint32_t kWidths = (1u << 2) | (1u << 4) | (1u << 8);
+    require((i.vector_widths & ~kWidths) == 0,
+            "vector_widths has bits other than 2, 4 and 8: " + std::to_string(i.vector_widths));
+    require(i.matrix_shape_count <= BP_MAX_MATRIX_SHAPES,
+            "matrix_shape_count " + std::to_string(i.matrix_shape_count) + " is above " +
+                std::to_string(BP_MAX_MATRIX_SHAPES));
+    for (uint32_t n = 0; n < i.matrix_shape_count; ++n) {
+        const bp_matrix_shape &m = i.matrix_shapes[n];
+        const std::string which = "matrix_shapes[" + std::to_string(n) + "]";
+        require(m.m > 0 && m.n > 0 && m.k > 0, which + " has a zero dimension");
+        require(m.a <= BP_ELEMENT_F64 && m.b <= BP_ELEMENT_F64 && m.c <= BP_ELEMENT_F64,
+                which + " has a type that is no bp_element_type");
+        require(m.reserved == 0, which + ".reserved is not 0");
+    }
+    // The description is the same every time (kernels compiled for it run later).
+    bp_status status;
+    bp_error error = makeError();
+    const bp_device_info again = describe(ctx, ctx.index(), status, error);
+    succeed(status, error, "device_info");
+    require(again.element_storage == i.element_storage &&
+                again.element_arithmetic == i.element_arithmetic &&
+                again.element_atomic_add == i.element_atomic_add &&
+                again.element_atomic_bits == i.element_atomic_bits &&
+                again.vector_widths == i.vector_widths &&
+                again.matrix_shape_count == i.matrix_shape_count &&
+                std::memcmp(again.matrix_shapes, i.matrix_shapes, sizeof(i.matrix_shapes)) == 0,
+            "a second device_info reported other kernel features");
 }
 
 CONFORMANCE_CASE("info.null_result", "device_info with a NULL result fails with invalid_argument") {

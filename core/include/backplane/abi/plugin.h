@@ -1,4 +1,4 @@
-/* The backplane plugin ABI, version 1.3: the C contract between the core and a device plugin. */
+/* The backplane plugin ABI, version 1.4: the C contract between the core and a device plugin. */
 #ifndef BACKPLANE_ABI_PLUGIN_H
 #define BACKPLANE_ABI_PLUGIN_H
 
@@ -41,7 +41,7 @@ extern "C" {
 
 /* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
 #define BP_ABI_VERSION_MAJOR 1
-#define BP_ABI_VERSION_MINOR 3
+#define BP_ABI_VERSION_MINOR 4
 
 /* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
@@ -186,7 +186,53 @@ enum {
     BP_CAPABILITY_COLLECTIVES = 1u << 6,
 };
 
+/// (1.4) Element types of the kernel language. Bit t of the masks in bp_device_info
+/// (element_storage, element_arithmetic, ...) stands for type t: (1u << BP_ELEMENT_F16) is f16.
+typedef enum bp_element_type {
+    BP_ELEMENT_BOOL = 0,
+    BP_ELEMENT_I8 = 1,
+    BP_ELEMENT_U8 = 2,
+    BP_ELEMENT_I16 = 3,
+    BP_ELEMENT_U16 = 4,
+    BP_ELEMENT_I32 = 5,
+    BP_ELEMENT_U32 = 6,
+    BP_ELEMENT_I64 = 7,
+    BP_ELEMENT_U64 = 8,
+    BP_ELEMENT_F16 = 9,
+    BP_ELEMENT_BF16 = 10,
+    BP_ELEMENT_F32 = 11,
+    BP_ELEMENT_F64 = 12,
+} bp_element_type;
+
+/// (1.4) Most entries of bp_device_info::matrix_shapes.
+#define BP_MAX_MATRIX_SHAPES 16
+
+/// (1.4) One shape of the device's matrix units: D (m x n, type c) = A (m x k, type a) *
+/// B (k x n, type b) + C (m x n, type c). a, b and c hold bp_element_type values; m, n, k > 0;
+/// reserved is 0.
+typedef struct bp_matrix_shape {
+    uint16_t m, n, k;
+    uint8_t a, b, c, reserved;
+} bp_matrix_shape;
+
 /// What a device is and what it can do. Filled by device_info, which must be cheap (no context).
+///
+/// Kernel features (ABI 1.4): what kernels may use on the device, asked from the plugin and
+/// never assumed; the core refuses a kernel that needs more. Masks of (1u << bp_element_type),
+/// with these rules (conformance case info.kernel_features checks them):
+/// - storage and arithmetic hold at least BOOL, I32, U32 and F32;
+/// - arithmetic, atomic_add and atomic_bits are subsets of storage (a type is counted for
+///   arithmetic or atomics only when kernels can also keep it in buffers);
+/// - arithmetic means the device computes in the type natively or exactly as if it did (the
+///   host computes f16 in f32 with one rounding per operation); without the bit the language
+///   computes in a wider type and rounds where the documentation of the kernel language says;
+/// - vector_widths uses bits 2, 4 and 8 only;
+/// - matrix_shape_count <= BP_MAX_MATRIX_SHAPES, and the entries in use follow bp_matrix_shape.
+/// A plugin older than 1.4 (its struct_size ends before the end of matrix_shapes, or its table
+/// says abi_minor < 4) is treated as ABI 1.3 kernels were: storage and arithmetic of BOOL, I32,
+/// U32 and F32; atomic add and atomic bits on I32 and U32; no vectors; no matrix units. A reader
+/// checks the end of the group, not its start: ABI 1.3's struct ended in 4 bytes of padding,
+/// which is where element_storage now lies, so a 1.3 struct_size covers that field.
 typedef struct bp_device_info {
     size_t struct_size;
     char name[256];          ///< "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.6, 256 bits)"
@@ -214,6 +260,14 @@ typedef struct bp_device_info {
     /// The collective engine and its version when BP_CAPABILITY_COLLECTIVES is set ("nccl
     /// 2.28.9", "gloo 0.5.0"); otherwise why not ("libnccl.so.2 not found: ..."), or "".
     char collectives[256];
+    /* ABI 1.4 (see "Kernel features" above) */
+    uint32_t element_storage;     ///< types kernels may keep in buffers (loads and stores)
+    uint32_t element_arithmetic;  ///< types with native arithmetic on the device
+    uint32_t element_atomic_add;  ///< types with atomicAdd on buffers and shared memory
+    uint32_t element_atomic_bits; ///< types with atomic min, max, and, or, xor, exchange
+    uint32_t vector_widths;       ///< bit n set: vector loads/stores of n elements (n = 2, 4, 8)
+    uint32_t matrix_shape_count;  ///< entries of matrix_shapes in use
+    bp_matrix_shape matrix_shapes[BP_MAX_MATRIX_SHAPES];
 } bp_device_info;
 
 /// Arguments of device_open. Reserved for options; fill struct_size.

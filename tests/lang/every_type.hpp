@@ -1,0 +1,66 @@
+// A portable kernel that uses every element type of the language and its operations (issue 25):
+// compiled offline by NVRTC and hiprtc (rtc_test.cpp), kept as golden text (lang_test.cpp) and
+// run where a device has the types (differential_test.cpp).
+#pragma once
+
+#include <backplane/lang.hpp>
+
+namespace backplane::test {
+
+/// Bindings: i8, u8, i16, u16 (inout), i64, u64 (inout), f16, bf16 (inout), f64 (inout),
+/// f32 (inout, float atomics); scalars: i64 k, f64 scale, u32 n.
+inline lang::Kernel everyType() {
+    using lang::cast;
+    using lang::Value;
+    return lang::kernel("every type", [](lang::Builder &b) {
+        auto a8 = b.inout<int8_t>();
+        auto u8 = b.inout<uint8_t>();
+        auto a16 = b.inout<int16_t>();
+        auto u16 = b.inout<uint16_t>();
+        auto a64 = b.inout<int64_t>();
+        auto u64 = b.inout<uint64_t>();
+        auto h = b.inout<lang::f16>();
+        auto g = b.inout<lang::bf16>();
+        auto d = b.inout<double>();
+        auto f = b.inout<float>();
+        auto k = b.scalar<int64_t>();
+        auto scale = b.scalar<double>();
+        auto n = b.scalar<uint32_t>();
+        auto tile = b.shared<lang::f16>(64);
+        auto priv = b.array<int8_t>(4);
+        auto i = b.globalId().x;
+        b.If(i < n, [&] {
+            Value<int8_t> x8 = a8[i];
+            Value<uint8_t> y8 = u8[i];
+            priv[i % 4u] = x8 * int8_t(5) - int8_t(3);
+            a8[i] = priv[i % 4u] / int8_t(-7) + (x8 % int8_t(3)) + (x8 << int8_t(2)) +
+                    (x8 >> int8_t(1)) + ~x8 + -x8 + abs(x8);
+            u8[i] = y8 / uint8_t(3) + (y8 & uint8_t(7)) + (y8 | uint8_t(8)) + (y8 ^ uint8_t(9)) +
+                    min(y8, uint8_t(200)) + max(y8, uint8_t(20));
+            Value<int16_t> x16 = a16[i];
+            a16[i] = x16 * int16_t(-300) + cast<int16_t>(y8);
+            u16[i] = cast<uint16_t>(x16) * uint16_t(3) + cast<uint16_t>(h[i]);
+            Value<int64_t> x64 = a64[i];
+            a64[i] = x64 * k / int64_t(7) + x64 % int64_t(5) + (x64 << int64_t(40)) +
+                     (x64 >> int64_t(3)) + cast<int64_t>(d[i]) + abs(x64);
+            Value<uint64_t> y64 = u64[i];
+            u64[i] = y64 / uint64_t(3) + (y64 >> uint64_t(33)) + cast<uint64_t>(x16) +
+                     cast<uint64_t>(f[i]);
+            Value<lang::f16> p = h[i];
+            tile[b.localIndex()] = p * p + sqrt(abs(p)) - exp(p) / cast<lang::f16>(x8);
+            h[i] = tile[b.localIndex()] + cast<lang::f16>(g[i]) + cast<lang::f16>(d[i]);
+            Value<lang::bf16> q = g[i];
+            g[i] = q * q + floor(q) + cast<lang::bf16>(y64) + max(q, cast<lang::bf16>(p));
+            Value<double> e = d[i];
+            d[i] = fma(e, scale, e * e) + sqrt(abs(e)) + floor(e) + ceil(e) + min(e, scale) +
+                   cast<double>(x64) + cast<double>(p) + cast<double>(e > scale);
+            atomicAdd(a64[0u], x64);
+            atomicMax(a64[1u], x64);
+            atomicAnd(u64[0u], y64);
+            atomicExchange(u64[1u], y64);
+            atomicAdd(f[0u], cast<float>(e));
+        });
+    }, {.checked = true});
+}
+
+} // namespace backplane::test
