@@ -46,9 +46,10 @@ void describeKernelFeatures(int major, int minor, bp_device_info &info) {
                               bit(BP_ELEMENT_F64);
     if (cc >= 53) info.element_arithmetic |= bit(BP_ELEMENT_F16);  // __half arithmetic
     if (cc >= 80) info.element_arithmetic |= bit(BP_ELEMENT_BF16); // __nv_bfloat16 arithmetic
-    // atomicAdd exists for unsigned long long only (a signed i64 add is left to the language).
+    // atomicAdd exists for unsigned long long; the kernel language adds a signed i64 through it
+    // (the same two's-complement bits), so i64 counts too.
     info.element_atomic_add = bit(BP_ELEMENT_I32) | bit(BP_ELEMENT_U32) | bit(BP_ELEMENT_F32) |
-                              bit(BP_ELEMENT_U64);
+                              bit(BP_ELEMENT_I64) | bit(BP_ELEMENT_U64);
     if (cc >= 60) info.element_atomic_add |= bit(BP_ELEMENT_F64);
     if (cc >= 70) info.element_atomic_add |= bit(BP_ELEMENT_F16);
     if (cc >= 80) info.element_atomic_add |= bit(BP_ELEMENT_BF16);

@@ -830,3 +830,35 @@ TEST_CASE("64-bit integers and doubles compute exactly where the device has them
         CHECK(wrong == 0);
     }
 }
+
+TEST_CASE("constants of different types with the same bits keep their own values") {
+    // f16 2.0 is 0x4000 and bf16 1.0 is 0x3f80: the u32 constants 16384 and 16256 have the same
+    // bits, and the host interpreter once gave them one register.
+    const lang::Kernel k = lang::kernel("same_bits", [](lang::Builder &b) {
+        auto h = b.inout<lang::f16>();
+        auto g = b.inout<lang::bf16>();
+        auto u = b.inout<uint32_t>();
+        auto i = b.globalId().x;
+        b.If(i < 2u, [&] {
+            h[i] = h[i] * lang::f16(2.0f);
+            g[i] = g[i] + lang::bf16(1.0f);
+            u[i] = u[i] + 16384u + 16256u;
+        });
+    });
+    for (ComputeClient &c : clients()) {
+        CAPTURE(c.device().id());
+        Buffer bh = c.createFrom<lang::f16>(std::vector<lang::f16>{lang::f16(3.0f), lang::f16(5.0f)});
+        Buffer bg = c.createFrom<lang::bf16>(std::vector<lang::bf16>{lang::bf16(3.0f), lang::bf16(6.0f)});
+        Buffer bu = c.createFrom<uint32_t>(std::vector<uint32_t>{1, 2});
+        Dispatch d = oneD(2, 2);
+        d.bindings = {bh, bg, bu};
+        c.execute(k, d);
+        const auto gotH = c.readAs<lang::f16>(bh);
+        const auto gotG = c.readAs<lang::bf16>(bg);
+        CHECK(static_cast<float>(gotH[0]) == 6.0f);
+        CHECK(static_cast<float>(gotH[1]) == 10.0f);
+        CHECK(static_cast<float>(gotG[0]) == 4.0f);
+        CHECK(static_cast<float>(gotG[1]) == 7.0f);
+        CHECK(c.readAs<uint32_t>(bu) == std::vector<uint32_t>{32641, 32642});
+    }
+}

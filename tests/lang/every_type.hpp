@@ -1,6 +1,5 @@
 // A portable kernel that uses every element type of the language and its operations (issue 25):
-// compiled offline by NVRTC and hiprtc (rtc_test.cpp), kept as golden text (lang_test.cpp) and
-// run where a device has the types (differential_test.cpp).
+// compiled offline by NVRTC and hiprtc (rtc_test.cpp) and kept as golden text (lang_test.cpp).
 #pragma once
 
 #include <backplane/lang.hpp>

@@ -328,3 +328,25 @@ TEST_CASE("the host key tells apart kernels that differ only in an atomic or a l
     });
     CHECK(u.source().variants[3].source != s.source().variants[3].source);
 }
+
+TEST_CASE("missingOn names what a device's features lack, including a float cast through f64") {
+    KernelFeatures all;
+    all.storage = all.arithmetic = all.atomicAdd = all.atomicBits = (1u << kElementTypeCount) - 1;
+    CHECK(test::everyType().missingOn(all).empty());
+    const lang::Kernel toI64 = lang::kernel("float_to_i64", [](lang::Builder &b) {
+        auto f = b.input<float>();
+        auto o = b.output<int64_t>();
+        auto i = b.globalId().x;
+        o[i] = lang::cast<int64_t>(f[i]);
+    });
+    CHECK(toI64.missingOn(all).empty());
+    KernelFeatures noF64 = all;
+    noF64.arithmetic &= ~(1u << static_cast<int>(ElementType::F64));
+    CHECK(toI64.missingOn(noF64).find("through f64") != std::string::npos);
+    KernelFeatures noF16 = all;
+    noF16.storage &= ~(1u << static_cast<int>(ElementType::F16));
+    CHECK(test::everyType().missingOn(noF16) == "f16 buffers");
+    KernelFeatures noAtomic = all;
+    noAtomic.atomicAdd &= ~(1u << static_cast<int>(ElementType::I64));
+    CHECK(test::everyType().missingOn(noAtomic) == "i64 atomicAdd");
+}

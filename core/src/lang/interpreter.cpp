@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -450,7 +451,9 @@ private:
     /// (memory, position) of every store to a variable (memory = var) or private array (memory =
     /// vars + array), in position order per memory.
     std::vector<std::pair<uint32_t, uint32_t>> stores_;
-    std::vector<std::pair<uint64_t, uint32_t>> leaves_;
+    /// Leaves by (kind and type, value bits), then node: equal keys share one slot. The type is
+    /// part of the key: an f16 2.0 (bits 0x4000) holds another register value than a u32 16384.
+    std::vector<std::tuple<uint32_t, uint64_t, uint32_t>> leaves_;
     std::vector<uint32_t> endStart_, endNodes_, freeSlots_;
     std::vector<uint32_t> privOffset_, sharedOffset_;
     uint32_t positions_ = 0;
@@ -809,13 +812,16 @@ void Interpreter::allocate() {
                               : n.op == Op::Builtin ? 1
                               : n.op == Op::Scalar  ? 2
                                                     : 3;
-        leaves_.push_back({(kind << 32) | n.imm, i});
+        leaves_.emplace_back(static_cast<uint32_t>(kind << 8 | static_cast<uint32_t>(n.type)),
+                             n.imm, i);
     }
     std::sort(leaves_.begin(), leaves_.end());
     uint32_t next = 0;
     for (size_t i = 0; i < leaves_.size(); ++i) {
-        if (i > 0 && leaves_[i].first != leaves_[i - 1].first) ++next;
-        slot_[leaves_[i].second] = next;
+        const auto &[kind, bits, node] = leaves_[i];
+        if (i > 0 && (kind != std::get<0>(leaves_[i - 1]) || bits != std::get<1>(leaves_[i - 1])))
+            ++next;
+        slot_[node] = next;
     }
     if (!leaves_.empty()) ++next;
     leafSlots_ = next;
@@ -1047,7 +1053,7 @@ void Interpreter::fillLeaves(const bp_host_kernel_context &context) {
     }
 
     uint32_t lastSlot = kNone;
-    for (const auto &[key, node] : leaves_) {
+    for (const auto &[kind, bits, node] : leaves_) {
         const uint32_t s = slot_[node];
         if (s == lastSlot) continue;
         lastSlot = s;

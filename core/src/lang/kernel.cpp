@@ -109,6 +109,11 @@ std::string Kernel::missingOn(const KernelFeatures &features) const {
         if (auto why = arithmetic(a.type); !why.empty()) return why;
     for (const detail::Node &n : m.nodes) {
         if (auto why = arithmetic(n.type); !why.empty()) return why;
+        // A float to a 64-bit integer converts through double in the generated code.
+        if (n.op == detail::Op::Cast && detail::isWide(n.type) && detail::isInteger(n.type) &&
+            detail::isFloat(m.nodes[n.a].type) && !features.computes(ElementType::F64))
+            return "a cast from " + std::string(toString(m.nodes[n.a].type)) + " to " +
+                   toString(n.type) + " (it converts through f64 arithmetic)";
         if (n.op != detail::Op::Atomic) continue;
         const ElementType t = elementOf(n.type);
         const bool add = n.atomicOp == detail::AtomicOp::Add;
