@@ -1,6 +1,8 @@
 // The backplane command: devices, config check, demo, bench, tune, cache, kernels.
 #include "commands.hpp"
 
+#include <backplane/abi/plugin.h>
+
 #include <cstdio>
 #include <string>
 
@@ -51,7 +53,9 @@ constexpr Command kCommands[] = {
 };
 
 int usage(std::FILE *out) {
-    std::fputs("usage: backplane <command> [arguments]\n\ncommands:\n", out);
+    std::fputs("usage: backplane <command> [arguments]\n       backplane --version\n\n"
+               "commands:\n",
+               out);
     for (const Command &c : kCommands)
         if (c.name != nullptr) std::fprintf(out, "  %s\n", c.usage);
     std::fputs("\nenvironment: BACKPLANE_CONFIG, BACKPLANE_DEVICE, BACKPLANE_PLUGIN_PATH, "
@@ -67,6 +71,11 @@ int main(int argc, char **argv) {
     if (argc < 2) return usage(stderr);
     const std::string name = argv[1];
     if (name == "help" || name == "--help" || name == "-h") return usage(stdout);
+    if (name == "--version" || name == "version") {
+        std::printf("backplane %s (plugin ABI %d.%d)\n", BACKPLANE_VERSION, BP_ABI_VERSION_MAJOR,
+                    BP_ABI_VERSION_MINOR);
+        return 0;
+    }
     for (const Command &c : kCommands) {
         if (c.name == nullptr || name != c.name) continue;
         return c.run(backplane::tool::Args(argv + 2, argv + argc));
