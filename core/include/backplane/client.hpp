@@ -326,6 +326,14 @@ public:
     /// Compiles and loads ahead of the first launch (optional).
     void prepare(const KernelSource &kernel);
 
+    /// Closes this client and every copy of it: waits for the work issued so far (a ReadFuture
+    /// of it still returns its bytes), returns idle memory, and from then on every call of the
+    /// client, and every use of its Buffers, throws Error(InvalidArgument) saying it was closed.
+    /// Idempotent. The device may be opened again (Runtime::open) at once, also while
+    /// ReadFutures or PinnedBuffers of this client live; the client's remaining memory goes back
+    /// when its last copy and Buffer are gone.
+    void close();
+
     // streams -----------------------------------------------------------------------------------
     /// Submits pending work of the current stream.
     void flush();

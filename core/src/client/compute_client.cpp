@@ -78,6 +78,7 @@ Buffer ComputeClient::create(const void *data, uint64_t size) {
     return server_->create(currentStream(), data, size);
 }
 Buffer ComputeClient::empty(uint64_t size) { return server_->empty(currentStream(), size); }
+void ComputeClient::close() { server_->close(); }
 Tensor ComputeClient::emptyTensor(std::span<const uint64_t> shape, uint64_t elementSize,
                                   TensorLayout layout) {
     return server_->emptyTensor(currentStream(), shape, elementSize, layout);

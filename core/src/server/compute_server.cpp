@@ -146,6 +146,12 @@ void ComputeServer::markLost(const std::string &why) {
 }
 
 void ComputeServer::checkAlive() const {
+    if (closed_.load(std::memory_order_acquire))
+        throw Error(ErrorCode::InvalidArgument,
+                    "this ComputeClient of " + info().id() + " (open #" +
+                        std::to_string(openNumber_) +
+                        ") was closed with ComputeClient::close(); open the device again "
+                        "(Runtime::open) for a new client");
     if (!lost_.load(std::memory_order_acquire)) return;
     std::lock_guard lock(lostMutex_);
     throw Error(ErrorCode::DeviceLost,
@@ -637,6 +643,30 @@ void ComputeServer::syncSlot(uint32_t slot) {
     }
     // Interleaved batches may run on another slot's backend stream: submit and wait for all.
     syncAll();
+}
+
+void ComputeServer::close() {
+    if (closed_.load(std::memory_order_acquire)) return;
+    // The work issued so far completes (a ReadFuture of it still returns its bytes); a device
+    // that failed is closed all the same.
+    try {
+        syncAll();
+    } catch (const Error &e) {
+        log::write(log::Subsystem::Streams, log::Level::Warn,
+                   info().id() + ": close: the final sync failed: " + e.what());
+    }
+    if (closed_.exchange(true, std::memory_order_acq_rel)) return;
+    // Buffers of this client now say it was closed wherever they are used.
+    freeQueue_->markClosed();
+    std::vector<std::shared_ptr<StagingBlock>> blocks;
+    std::vector<MemoryPage> pages;
+    {
+        std::lock_guard lock(mutex_);
+        releaseIdleLocked(true, pages);
+        blocks = staging_->takeIdle(
+            [this](const Fence &fence, bool query) { return fenceSettled(fence, query); });
+    }
+    // `blocks` and `pages` go back to the plugin here, with no lock held.
 }
 
 void ComputeServer::syncAll() {

@@ -163,6 +163,9 @@ public:
     void flush(StreamId stream);
     void sync(StreamId stream);
     void syncAll();
+    /// ComputeClient::close(): waits for the work issued so far, then refuses every later call
+    /// (Error(InvalidArgument) naming close) and returns idle memory. Idempotent.
+    void close();
 
     ProfileToken profileStart(StreamId stream);
     /// Ends `token` on the stream it was started on.
@@ -284,6 +287,7 @@ private:
     KernelRegistry kernels_;
 
     std::atomic<bool> lost_{false};
+    std::atomic<bool> closed_{false}; ///< close() was called
     mutable std::mutex lostMutex_;
     std::string lostReason_;
     std::vector<Hold> lostHolds_; ///< what failed work used: kept until teardown
