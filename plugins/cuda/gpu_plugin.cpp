@@ -58,15 +58,14 @@ void describeKernelFeatures(int major, int minor, bp_device_info &info) {
     info.vector_widths = (1u << 2) | (1u << 4) | (1u << 8);
     info.matrix_shape_count = 0;
     if (!bpv::kWmmaShapes) return;
-    // nvcuda::wmma's f32-accumulator shapes. Not listed: the tf32 shape 16x16x8 (tf32 is an
-    // input rounding of f32, not an element type of the language), and the f16-accumulator,
-    // 8-bit integer and f64 shapes, which the language does not lower.
-    if (cc >= 70)
-        for (const auto &[m, n] : {std::pair<uint16_t, uint16_t>{16, 16}, {32, 8}, {8, 32}})
-            addShape(info, m, n, 16, BP_ELEMENT_F16, BP_ELEMENT_F32);
-    if (cc >= 80)
-        for (const auto &[m, n] : {std::pair<uint16_t, uint16_t>{16, 16}, {32, 8}, {8, 32}})
-            addShape(info, m, n, 16, BP_ELEMENT_BF16, BP_ELEMENT_F32);
+    // The kernel language's two tiles, lowered to PTX mma.sync m16n8k16 (f16, bf16) and
+    // m16n8k8 (tf32, listed as f32 inputs), which need sm_80. Other shapes of the hardware
+    // (f16 accumulators, 8-bit integers, f64) are not lowered by the language.
+    if (cc >= 80) {
+        addShape(info, 16, 16, 16, BP_ELEMENT_F16, BP_ELEMENT_F32);
+        addShape(info, 16, 16, 16, BP_ELEMENT_BF16, BP_ELEMENT_F32);
+        addShape(info, 16, 16, 8, BP_ELEMENT_F32, BP_ELEMENT_F32);
+    }
 }
 
 class GpuPlugin : public sdk::Plugin {

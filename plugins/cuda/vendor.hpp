@@ -178,8 +178,8 @@ enum class Attribute {
     ComputeCapabilityMinor = CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
 };
 
-/// The plugin reports the matrix shapes of nvcuda::wmma (bp_device_info::matrix_shapes) by
-/// compute capability.
+/// The plugin reports the matrix shapes the kernel language lowers to PTX mma.sync
+/// (bp_device_info::matrix_shapes) by compute capability.
 inline constexpr bool kWmmaShapes = true;
 
 /// Error classes the shared translation (gpu_error.cpp) needs to tell apart.

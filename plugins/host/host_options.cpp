@@ -119,10 +119,15 @@ HostOptions parseHostOptions(std::string_view json) {
             readCollectives(value, options);
         } else if (key == "disable_types") {
             options.disabledTypes = readTypes(value, "disable_types");
+        } else if (key == "matrix_units") {
+            if (!value.is_boolean())
+                invalid("\"matrix_units\" must be true or false, not " + value.dump());
+            options.matrixUnits = value.get<bool>();
         } else {
             invalid("unknown key \"" + key +
                     "\"; the host plugin knows \"collectives\", \"devices\", "
-                    "\"disable_types\", \"memory_bytes\", \"mode\" and \"workers\"");
+                    "\"disable_types\", \"matrix_units\", \"memory_bytes\", \"mode\" and "
+                    "\"workers\"");
         }
     }
     return options;

@@ -29,6 +29,8 @@ struct HostOptions {
     /// from every kernel-feature mask, to fake a smaller device; bool, i32, u32 and f32 cannot
     /// be disabled (every device has them). Mask of (1u << bp_element_type).
     uint32_t disabledTypes = 0;
+    /// "matrix_units": false reports no matrix-unit shapes (a device without them); default true.
+    bool matrixUnits = true;
 };
 
 /// Parses the options JSON text. Throws sdk::Error(BP_ERROR_INVALID_ARGUMENT) whose message names

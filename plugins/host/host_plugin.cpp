@@ -177,9 +177,21 @@ private:
         info.element_atomic_add = ints32 | bit(BP_ELEMENT_F32);
         info.element_atomic_bits = ints32;
         info.vector_widths = (1u << 2) | (1u << 4) | (1u << 8);
-        // No matrix shapes yet: the interpreter will be the reference implementation of them.
+        // The interpreter is the reference of the matrix units: the language's two tiles.
         info.matrix_shape_count = 0;
         const uint32_t keep = ~options_.disabledTypes;
+        const auto shape = [&](uint16_t k, bp_element_type in) {
+            if (!options_.matrixUnits || (keep & bit(in)) == 0) return;
+            bp_matrix_shape &s = info.matrix_shapes[info.matrix_shape_count++];
+            s = bp_matrix_shape{};
+            s.m = s.n = 16;
+            s.k = k;
+            s.a = s.b = static_cast<uint8_t>(in);
+            s.c = static_cast<uint8_t>(BP_ELEMENT_F32);
+        };
+        shape(16, BP_ELEMENT_F16);
+        shape(16, BP_ELEMENT_BF16);
+        shape(8, BP_ELEMENT_F32);
         info.element_storage &= keep;
         info.element_arithmetic &= keep;
         info.element_atomic_add &= keep;

@@ -170,7 +170,9 @@ void DeviceFeatures::describe(const VulkanLibrary &library, VkInstance instance,
     info.element_arithmetic = arithmetic & storage;
     info.element_atomic_add = atomicAdd & storage;
     info.element_atomic_bits = atomicBits & storage;
-    info.vector_widths = (1u << 2) | (1u << 4);
+    // The kernel language moves a GLSL vector as its elements (the driver's compiler merges
+    // them), so every width works.
+    info.vector_widths = (1u << 2) | (1u << 4) | (1u << 8);
     describeMatrixShapes(library, instance, device, info);
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,155 @@ std::string describe(spvc_compiler compiler, const spvc_reflected_resource &reso
            ")";
 }
 
+/// Whether a module's instructions tile it exactly and it declares the cooperative-matrix
+/// capability (NV 5357 or KHR 6022), the one reason to read it without SPIRV-Cross.
+bool declaresCooperativeMatrices(const std::vector<uint32_t> &words) {
+    if (words.size() < 5 || words[0] != 0x07230203u) return false;
+    bool declared = false;
+    size_t at = 5;
+    while (at < words.size()) {
+        const uint32_t count = words[at] >> 16, op = words[at] & 0xffffu;
+        if (count == 0 || count > words.size() - at) return false;
+        if (op == 17 && count == 2 && (words[at + 1] == 5357 || words[at + 1] == 6022)) declared = true;
+        at += count;
+    }
+    return declared;
+}
+
+/// The launch interface read straight from the SPIR-V words, for modules SPIRV-Cross cannot
+/// parse (Debian 12's release predates the cooperative-matrix opcodes the kernel language's
+/// matrix units use). It reads only what the plugin binds: the GLCompute entry points, set-0
+/// storage buffers and the push-constant block's extent; other descriptors are refused as above.
+/// From SPIR-V 1.4 an entry point lists every global it uses, so only those count (as SPIRV-Cross
+/// counts active variables); before, every declared one does.
+ShaderInterface scanComputeShader(const std::vector<uint32_t> &words, const std::string &entryPoint,
+                                  bool anyEntryPoint, const std::string &what) {
+    const auto malformed = [&](const std::string &why) {
+        return sdk::Error(BP_ERROR_INVALID_ARGUMENT,
+                          what + ": the SPIR-V module cannot be reflected (" + why + ")");
+    };
+    if (words.size() < 5) throw malformed("shorter than its header");
+    const uint32_t version = words[1];
+    struct Entry {
+        std::string name;
+        std::vector<uint32_t> interface;
+    };
+    std::vector<Entry> entries;
+    std::unordered_map<uint32_t, uint32_t> binding, set, scalarBytes, pointee, pointerClass;
+    std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> vectors; // component, count
+    std::unordered_map<uint32_t, std::vector<uint32_t>> structs;
+    std::unordered_map<uint64_t, uint32_t> memberOffset; // (struct << 32 | member) -> offset
+    std::unordered_map<uint32_t, bool> bufferBlock;
+    std::vector<std::pair<uint32_t, uint32_t>> variables; // (id, pointer type)
+    for (size_t at = 5; at < words.size();) {
+        const uint32_t count = words[at] >> 16, op = words[at] & 0xffffu;
+        if (count == 0 || at + count > words.size()) throw malformed("an instruction runs past the end");
+        const uint32_t *w = &words[at];
+        switch (op) {
+        case 15: // OpEntryPoint model id "name" interface...
+            if (count >= 4 && w[1] == 5) {
+                Entry e;
+                size_t i = 3;
+                for (; i < count; ++i) {
+                    const char *bytes = reinterpret_cast<const char *>(&w[i]);
+                    const size_t length = strnlen(bytes, 4);
+                    e.name.append(bytes, length);
+                    if (length < 4) break;
+                }
+                for (++i; i < count; ++i) e.interface.push_back(w[i]);
+                entries.push_back(std::move(e));
+            }
+            break;
+        case 71: // OpDecorate target decoration literal
+            if (count >= 4 && w[2] == 33) binding[w[1]] = w[3];
+            if (count >= 4 && w[2] == 34) set[w[1]] = w[3];
+            if (count >= 3 && w[2] == 3) bufferBlock[w[1]] = true;
+            break;
+        case 72: // OpMemberDecorate struct member Offset value
+            if (count >= 5 && w[3] == 35) memberOffset[uint64_t{w[1]} << 32 | w[2]] = w[4];
+            break;
+        case 21: // OpTypeInt result width signedness
+        case 22: // OpTypeFloat result width
+            if (count >= 3) scalarBytes[w[1]] = w[2] / 8;
+            break;
+        case 23: // OpTypeVector result component count
+            if (count >= 4) vectors[w[1]] = {w[2], w[3]};
+            break;
+        case 30: // OpTypeStruct result members...
+            if (count >= 2) structs[w[1]] = std::vector<uint32_t>(w + 2, w + count);
+            break;
+        case 32: // OpTypePointer result class type
+            if (count >= 4) {
+                pointerClass[w[1]] = w[2];
+                pointee[w[1]] = w[3];
+            }
+            break;
+        case 59: // OpVariable type result class
+            if (count >= 4) variables.push_back({w[2], w[1]});
+            break;
+        default: break;
+        }
+        at += count;
+    }
+    ShaderInterface shader;
+    const Entry *entry = nullptr;
+    for (const Entry &e : entries)
+        if (e.name == entryPoint) entry = &e;
+    if (entry == nullptr && entries.size() == 1 && anyEntryPoint) entry = &entries[0];
+    if (entry == nullptr) {
+        std::string known;
+        for (const Entry &e : entries) known += (known.empty() ? "" : ", ") + e.name;
+        throw sdk::Error(BP_ERROR_NOT_FOUND, what + ": the SPIR-V module has no compute entry "
+                                                    "point of that name (it has: " +
+                                                 (known.empty() ? "none" : known) + ")");
+    }
+    shader.entryPoint = entry->name;
+    const bool listsAll = version >= 0x00010400u;
+    const std::string plugin = "; the Vulkan plugin binds storage buffers of descriptor set 0 "
+                               "(one per launch binding) and one push-constant block only";
+    const auto bytesOf = [&](uint32_t type) -> uint32_t {
+        if (auto it = scalarBytes.find(type); it != scalarBytes.end()) return it->second;
+        if (auto it = vectors.find(type); it != vectors.end() && scalarBytes.count(it->second.first))
+            return scalarBytes[it->second.first] * it->second.second;
+        throw malformed("a push-constant member of a type the plugin cannot size");
+    };
+    for (const auto &[id, type] : variables) {
+        if (listsAll && std::find(entry->interface.begin(), entry->interface.end(), id) ==
+                            entry->interface.end())
+            continue;
+        const uint32_t storage = pointerClass.count(type) ? pointerClass[type] : UINT32_MAX;
+        const uint32_t block = pointee.count(type) ? pointee[type] : 0;
+        const std::string where = "(set " + std::to_string(set.count(id) ? set[id] : 0) +
+                                  ", binding " + std::to_string(binding.count(id) ? binding[id] : 0) + ")";
+        const bool storageBuffer = storage == 12 || (storage == 2 && bufferBlock.count(block));
+        if (storageBuffer) {
+            if (!structs.count(block))
+                throw sdk::Error(BP_ERROR_UNSUPPORTED, what + ": the shader uses an array of "
+                                                              "storage buffers " + where + plugin);
+            if (set.count(id) && set[id] != 0)
+                throw sdk::Error(BP_ERROR_UNSUPPORTED, what + ": the shader uses the storage buffer " +
+                                                           where + " in set " + std::to_string(set[id]) + plugin);
+            const uint32_t b = binding.count(id) ? binding[id] : 0;
+            shader.bindingCount = std::max(shader.bindingCount, b == UINT32_MAX ? UINT32_MAX : b + 1);
+        } else if (storage == 9) { // PushConstant
+            if (!structs.count(block)) throw malformed("a push constant that is not a block");
+            const std::vector<uint32_t> &members = structs[block];
+            uint32_t bytes = 0;
+            for (uint32_t m = 0; m < members.size(); ++m) {
+                const auto offset = memberOffset.find(uint64_t{block} << 32 | m);
+                if (offset == memberOffset.end()) throw malformed("a push-constant member without an offset");
+                bytes = std::max(bytes, offset->second + bytesOf(members[m]));
+            }
+            shader.pushConstantBytes = std::max(shader.pushConstantBytes, bytes);
+        } else if (storage == 0 || storage == 2) { // UniformConstant (images, samplers), Uniform
+            throw sdk::Error(BP_ERROR_UNSUPPORTED,
+                             what + ": the shader uses a descriptor other than a storage buffer " +
+                                 where + plugin);
+        }
+    }
+    return shader;
+}
+
 } // namespace
 
 ShaderInterface reflectComputeShader(const void *spirv, size_t size, const std::string &entryPoint,
@@ -69,8 +219,19 @@ ShaderInterface reflectComputeShader(const void *spirv, size_t size, const std::
     std::vector<SpvId> words(size / 4);
     std::memcpy(words.data(), spirv, words.size() * 4);
     spvc_parsed_ir ir = nullptr;
-    if (spvc_context_parse_spirv(raw, words.data(), words.size(), &ir) != SPVC_SUCCESS)
-        throw reflectionError("parse");
+    if (spvc_context_parse_spirv(raw, words.data(), words.size(), &ir) != SPVC_SUCCESS) {
+        // Opcodes newer than this SPIRV-Cross (cooperative matrices): read the words directly.
+        // Only for a well-formed module that declares them; anything else stays refused.
+        std::vector<uint32_t> plain(words.begin(), words.end());
+        if (!declaresCooperativeMatrices(plain)) throw reflectionError("parse");
+        try {
+            return scanComputeShader(plain, entryPoint, anyEntryPoint, what);
+        } catch (const sdk::Error &) {
+            throw;
+        } catch (const std::exception &) {
+            throw reflectionError("parse");
+        }
+    }
     spvc_compiler compiler = nullptr;
     if (spvc_context_create_compiler(raw, SPVC_BACKEND_NONE, ir, SPVC_CAPTURE_MODE_TAKE_OWNERSHIP,
                                      &compiler) != SPVC_SUCCESS)

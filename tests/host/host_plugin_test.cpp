@@ -381,7 +381,8 @@ TEST_CASE("device_info reports the kernel features the host's kernel path has") 
     CHECK(info.element_atomic_add == (kInts32 | typeBit(BP_ELEMENT_F32)));
     CHECK(info.element_atomic_bits == kInts32);
     CHECK(info.vector_widths == ((1u << 2) | (1u << 4) | (1u << 8)));
-    CHECK(info.matrix_shape_count == 0);
+    // The interpreter is the matrix units' reference: the language's two tiles, every input.
+    CHECK(info.matrix_shape_count == 3);
 
     using backplane::ElementType;
     const auto features = backplane::detail::toDeviceInfo("host", 0, info).features;
@@ -392,7 +393,8 @@ TEST_CASE("device_info reports the kernel features the host's kernel path has") 
     CHECK_FALSE(features.atomicBitsOn(ElementType::F32));
     CHECK(features.describe() == "types bool i8..u64 f16 bf16 f32 f64; native bool i8..u32 f16 "
                                  "bf16 f32; atomic add i32 u32 f32; atomic bits i32 u32; vectors "
-                                 "2 4 8; matrix none");
+                                 "2 4 8; matrix 16x16x16 f16*f16+f32, 16x16x16 bf16*bf16+f32, "
+                                 "16x16x8 f32*f32+f32");
 }
 
 TEST_CASE("the disable_types option clears types from every kernel-feature mask") {
@@ -416,6 +418,18 @@ TEST_CASE("the disable_types option clears types from every kernel-feature mask"
             ->deviceInfo(0);
     CHECK(small.element_storage == (typeBit(BP_ELEMENT_BOOL) | kInts32 | typeBit(BP_ELEMENT_F16) |
                                     typeBit(BP_ELEMENT_F32) | typeBit(BP_ELEMENT_F64)));
+}
+
+TEST_CASE("matrix shapes follow disable_types, and matrix_units: false removes them all") {
+    // Without f16 the f16 shape goes; bf16 and tf32 (f32 inputs) stay.
+    const bp_device_info noHalf = loadHost(R"({"disable_types": ["f16"]})")->deviceInfo(0);
+    REQUIRE(noHalf.matrix_shape_count == 2);
+    CHECK(noHalf.matrix_shapes[0].a == BP_ELEMENT_BF16);
+    CHECK(noHalf.matrix_shapes[1].a == BP_ELEMENT_F32);
+    CHECK(noHalf.matrix_shapes[1].k == 8);
+    const bp_device_info none = loadHost(R"({"matrix_units": false})")->deviceInfo(0);
+    CHECK(none.matrix_shape_count == 0);
+    CHECK(none.element_storage == kAllTypes); // nothing else changes
 }
 
 TEST_CASE("the devices option exposes identical devices with distinct, stable UUIDs") {
@@ -455,6 +469,7 @@ TEST_CASE("invalid options fail plugin_init with a message naming the key") {
         {R"({"bogus": 1})", "bogus"},
         {R"({"disable_types": ["f65"]})", R"("disable_types" names an unknown type "f65")"},
         {R"({"disable_types": "f64"})", R"("disable_types" must be an array)"},
+        {R"({"matrix_units": 1})", R"("matrix_units" must be true or false)"},
         {R"({"disable_types": [64]})", R"("disable_types" names an unknown type 64)"},
         {R"({"disable_types": ["f32"]})", R"("disable_types" cannot disable "f32")"},
         {R"({"devices": 1)", "JSON"},

@@ -62,4 +62,63 @@ inline lang::Kernel everyType() {
     }, {.checked = true});
 }
 
+/// The matrix units (f16 tiles staged in shared memory with vector copies, both layouts,
+/// checked edges) and vector loads and stores of floats: the operations of issue 25 that each
+/// target lowers its own way. Bindings: a, b (f16), c (f32, inout).
+inline lang::Kernel matrixAndVectors() {
+    return lang::kernel("matrix_and_vectors", [](lang::Builder &k) {
+        using lang::Value;
+        auto a = k.input<lang::f16>();
+        auto b = k.input<lang::f16>();
+        auto c = k.inout<float>();
+        auto sa = k.shared<lang::f16>(512);
+        auto sb = k.shared<lang::f16>(512);
+        auto t = k.localIndex();
+        k.For(t * 8u, 512u, k.groupSize().x * 8u, [&](Value<uint32_t> i) {
+            lang::storeVector(sa, i, lang::loadVector<8>(a, i));
+            lang::storeVector(sb, i, lang::loadVector<8>(b, i));
+        });
+        k.barrier();
+        auto fa = k.matrixA<lang::f16>();
+        auto fb = k.matrixB<lang::f16>();
+        auto acc = k.accumulator<float>();
+        acc.load(c, 0u, 16u);
+        fa.load(sa, 8u, 24u, lang::Layout::ColMajor);
+        fb.load(sb, 8u, 24u);
+        mma(acc, fa, fb, acc);
+        acc.store(c, 0u, 16u);
+        k.barrier();
+        const lang::Vector<float, 4> v = lang::loadVector<4>(c, t * 4u);
+        lang::storeVector(c, t * 4u, v * Value<float>(2.0f));
+    }, {.checked = true});
+}
+
+/// bf16 and tf32 (f32-input) tiles read straight from buffers: CUDA only (GLSL's cooperative
+/// matrices have neither; HIP has no matrix units in the language).
+inline lang::Kernel matrixBf16Tf32() {
+    return lang::kernel("matrix_bf16_tf32", [](lang::Builder &k) {
+        auto a = k.input<lang::bf16>();
+        auto b = k.input<lang::bf16>();
+        auto x = k.input<float>();
+        auto c = k.inout<float>();
+        auto fa = k.matrixA<lang::bf16>();
+        auto fb = k.matrixB<lang::bf16>();
+        auto acc = k.accumulator<float>();
+        acc.fill(0.0f);
+        fa.load(a, 0u, 16u);
+        fb.load(b, 0u, 16u, lang::Layout::ColMajor);
+        mma(acc, fa, fb, acc);
+        const lang::MatrixTile tf32{16, 16, 8};
+        auto ta = k.matrixA<float>(tf32);
+        auto tb = k.matrixB<float>(tf32);
+        auto tacc = k.accumulator<float>(tf32);
+        ta.load(x, 0u, 8u);
+        tb.load(x, 128u, 16u);
+        tacc.fill(1.0f);
+        mma(tacc, ta, tb, tacc);
+        acc.store(c, 0u, 16u);
+        tacc.store(c, 256u, 16u, lang::Layout::ColMajor);
+    });
+}
+
 } // namespace backplane::test

@@ -75,6 +75,16 @@ TEST_CASE("every generator prints saxpy and the tiled matmul as the golden files
     checkGolden(types.text(Dialect::Cuda), "every_type.cu");
     checkGolden(types.text(Dialect::Glsl), "every_type.comp");
     checkGolden(types.text(Dialect::Host), "every_type.ir");
+    // Matrix units and vectors: CUDA's mma.sync / ldmatrix / 16-byte accesses, GLSL's
+    // cooperative matrices, the IR; bf16 and tf32 tiles are CUDA's alone.
+    const lang::Kernel matrix = test::matrixAndVectors();
+    checkGolden(matrix.text(Dialect::Cuda), "matrix_and_vectors.cu");
+    checkGolden(matrix.text(Dialect::Glsl), "matrix_and_vectors.comp");
+    checkGolden(matrix.text(Dialect::Host), "matrix_and_vectors.ir");
+    checkGolden(test::matrixBf16Tf32().text(Dialect::Cuda), "matrix_bf16_tf32.cu");
+    // What GLSL and HIP cannot express is an #error naming it (the compile fails with it).
+    CHECK(test::matrixBf16Tf32().text(Dialect::Glsl).find("#error bf16 matrices") != std::string::npos);
+    CHECK(matrix.text(Dialect::Hip).find("#error matrix units are not lowered for HIP") != std::string::npos);
 }
 
 TEST_CASE("a kernel carries its variants in preference order and plain C++ values as literals") {

@@ -90,7 +90,12 @@ std::vector<lang::Kernel> allKernels() {
             kernels::matmul({16, 1, 16}),
             kernels::matmul({64, 4, 16}),
             everything(),
-            test::everyType()};
+            test::everyType(),
+#ifndef BACKPLANE_LANG_RTC_HIP
+            test::matrixAndVectors(),
+            test::matrixBf16Tf32(),
+#endif
+    };
 }
 
 } // namespace
@@ -112,6 +117,18 @@ TEST_CASE("the runtime compiler accepts every generated source") {
         CHECK(out.binary.size() > 4);
     }
 }
+
+#ifdef BACKPLANE_LANG_RTC_HIP
+TEST_CASE("hiprtc refuses a kernel with matrix units, naming why") {
+    const lang::Kernel k = test::matrixAndVectors();
+    const KernelVariant &variant = k.source().variants[1];
+    REQUIRE((variant.dialect == Dialect::Hip));
+    sdk::CompileOutput out;
+    gpu::CompileRequest request{variant.source, variant.entryPoint, kArch, variant.options};
+    CHECK_THROWS(gpu::compileSource(gpu::rtc(), request, out));
+    CHECK(out.log.find("not lowered for HIP") != std::string::npos);
+}
+#endif
 
 int main(int argc, char **argv) {
     try {

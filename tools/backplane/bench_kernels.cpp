@@ -11,6 +11,7 @@
 // Rows in GFLOP/s or GB/s have ratio = portable / hand-written speed (>= 1: portable faster); rows
 // in ms have ratio = portable / hand-written time (<= 1: portable faster).
 #include "bench.hpp"
+#include "bench_cublas.hpp"
 #include "demo_matmul.hpp"
 
 #include <backplane/cache.hpp>
@@ -314,6 +315,175 @@ void tunedMatmul(ComputeClient &client, const std::string &device, uint32_t size
                ms[1], mismatch, "");
 }
 
+// -- matrix units against cuBLAS ---------------------------------------------------------------
+
+/// The matrix-unit matmul candidates the bench picks from (the fastest at the first size wins).
+std::vector<kernels::MatrixMatmulTiles> matrixTileCandidates(bool quick) {
+    if (quick) return {{128, 128, 32, 2, 4}, {64, 64, 32, 2, 2}};
+    return {{128, 128, 32, 2, 4}, {128, 128, 32, 2, 2}, {128, 256, 32, 2, 4},
+            {256, 128, 32, 4, 2}, {128, 128, 64, 2, 2}, {64, 64, 32, 2, 2}};
+}
+
+struct Shape {
+    uint32_t m, n, k;
+    std::string text() const {
+        return m == n && n == k ? std::to_string(m) + "^3"
+                                : std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+    }
+    double flops() const { return 2.0 * m * n * k; }
+};
+
+/// Milliseconds of `kernel` (a matmulMatrixUnits or matmul kernel) on one shape.
+template <class T>
+double matmulMs(ComputeClient &client, const lang::Kernel &kernel, const Shape &s,
+                uint32_t blockM, uint32_t blockN, uint32_t threadsX, uint32_t threadsY,
+                const BenchOptions &options) {
+    const size_t elementA = sizeof(T);
+    Buffer a = client.empty(size_t{s.m} * s.k * elementA), b = client.empty(size_t{s.k} * s.n * elementA);
+    client.fill(a, 0);
+    client.fill(b, 0);
+    Buffer c = client.empty(size_t{s.m} * s.n * 4);
+    Dispatch d;
+    d.grid = {(s.n + blockN - 1) / blockN, (s.m + blockM - 1) / blockM};
+    d.block = {threadsX, threadsY};
+    d.bindings = {a, b, c};
+    d.scalar(s.m).scalar(s.n).scalar(s.k);
+    const int samples = options.quick ? 3 : 7;
+    return medianMs(client, {[&] { client.execute(kernel, d); }}, 1, samples)[0];
+}
+
+template <class T>
+void matrixUnitRows(ComputeClient &client, const std::string &device, const char *type,
+                    const std::vector<Shape> &shapes, const BenchOptions &options, BenchRows &rows,
+                    const std::function<double(const Shape &)> &cublasMs, const std::string &target) {
+    const DeviceInfo &info = client.device();
+    const uint32_t width = std::max<uint32_t>(1, info.subgroupSize);
+    // The fastest candidate on the first shape.
+    std::optional<kernels::MatrixMatmulTiles> best;
+    double bestMs = std::numeric_limits<double>::infinity();
+    for (const kernels::MatrixMatmulTiles &tiles : matrixTileCandidates(options.quick)) {
+        const lang::Kernel kernel = kernels::matmulMatrixUnits<T>(tiles);
+        if (!kernel.missingOn(info.features).empty()) {
+            std::fprintf(stderr, "bench kernels: %s: %s skipped: the device lacks %s\n",
+                         device.c_str(), kernel.name().c_str(), kernel.missingOn(info.features).c_str());
+            return;
+        }
+        if (tiles.threads(width) > info.maxBlockThreads) continue;
+        try {
+            const double ms = matmulMs<T>(client, kernel, shapes[0], tiles.blockM, tiles.blockN,
+                                          tiles.threads(width), 1, options);
+            std::fprintf(stderr, "bench kernels: %s: %s %s: %.3f ms\n", device.c_str(),
+                         kernel.name().c_str(), shapes[0].text().c_str(), ms);
+            if (ms < bestMs) {
+                bestMs = ms;
+                best = tiles;
+            }
+        } catch (const Error &e) {
+            std::fprintf(stderr, "bench kernels: %s: %s skipped: %s\n", device.c_str(),
+                         kernel.name().c_str(), e.what());
+        }
+    }
+    if (!best) return;
+    const lang::Kernel kernel = kernels::matmulMatrixUnits<T>(*best);
+    for (const Shape &s : shapes) {
+        const double ms = matmulMs<T>(client, kernel, s, best->blockM, best->blockN,
+                                      best->threads(width), 1, options);
+        double raw = 0;
+        std::string against = "cuBLAS " + std::string(type);
+        try {
+            raw = cublasMs(s);
+        } catch (const std::exception &e) {
+            against = std::string("(no cuBLAS: ") + e.what() + ")";
+        }
+        rows.push_back({"kernels", device,
+                        "matmul " + s.text() + " " + type + " matrix units " + kernel.name() +
+                            " vs " + against,
+                        s.flops() / (ms * 1e9), raw > 0 ? s.flops() / (raw * 1e9) : 0, "TFLOP/s",
+                        raw > 0 ? target : ""});
+    }
+}
+
+/// The portable f32 matmul's best tiles against SGEMM at the given shapes.
+void f32Rows(ComputeClient &client, const std::string &device, const std::vector<Shape> &shapes,
+             const BenchOptions &options, BenchRows &rows,
+             const std::function<double(const Shape &)> &cublasMs) {
+    std::optional<kernels::MatmulTiles> best;
+    double bestMs = std::numeric_limits<double>::infinity();
+    const std::vector<kernels::MatmulTiles> candidates =
+        options.quick ? std::vector<kernels::MatmulTiles>{{64, 4, 8}}
+                      : std::vector<kernels::MatmulTiles>{{64, 4, 8}, {64, 4, 16}, {128, 8, 8}, {128, 8, 16}, {64, 8, 8}};
+    for (const kernels::MatmulTiles &tiles : candidates) {
+        if (tiles.threads() * tiles.threads() > client.device().maxBlockThreads) continue;
+        const lang::Kernel kernel = kernels::matmul(tiles);
+        try {
+            const double ms = matmulMs<float>(client, kernel, shapes[0], tiles.tile, tiles.tile,
+                                              tiles.threads(), tiles.threads(), options);
+            if (ms < bestMs) {
+                bestMs = ms;
+                best = tiles;
+            }
+        } catch (const Error &e) {
+            std::fprintf(stderr, "bench kernels: %s: %s skipped: %s\n", device.c_str(),
+                         tiles.name().c_str(), e.what());
+        }
+    }
+    if (!best) return;
+    const lang::Kernel kernel = kernels::matmul(*best);
+    for (const Shape &s : shapes) {
+        const double ms = matmulMs<float>(client, kernel, s, best->tile, best->tile,
+                                          best->threads(), best->threads(), options);
+        double raw = 0;
+        std::string against = "cuBLAS SGEMM";
+        try {
+            raw = cublasMs(s);
+        } catch (const std::exception &e) {
+            against = std::string("(no cuBLAS: ") + e.what() + ")";
+        }
+        rows.push_back({"kernels", device,
+                        "matmul " + s.text() + " f32 portable " + best->name() + " vs " + against,
+                        s.flops() / (ms * 1e9), raw > 0 ? s.flops() / (raw * 1e9) : 0, "TFLOP/s",
+                        raw > 0 ? ">= 0.80x" : ""});
+    }
+}
+
+/// Rows of the matrix units (and f32) against cuBLAS on the same GPU, where cuBLAS loads.
+void cublasRows(ComputeClient &client, const std::string &device, const BenchOptions &options,
+                BenchRows &rows) {
+    const DeviceInfo &info = client.device();
+    if (info.type == DeviceType::Cpu) return;
+    std::vector<Shape> shapes = options.quick
+                                    ? std::vector<Shape>{{1024, 1024, 1024}, {1023, 1025, 511}}
+                                    : std::vector<Shape>{{4096, 4096, 4096}, {2048, 2048, 2048},
+                                                         {8192, 8192, 8192}, {4095, 4097, 1023}};
+    std::unique_ptr<RawCublas> cublas;
+    std::string why;
+    if (info.hasUuid) {
+        try {
+            cublas = std::make_unique<RawCublas>(info.uuid);
+            std::fprintf(stderr, "bench kernels: %s: reference %s\n", device.c_str(),
+                         cublas->library().c_str());
+        } catch (const std::exception &e) {
+            why = e.what();
+        }
+    } else {
+        why = "the device reports no UUID";
+    }
+    const auto reference = [&](GemmKind kind) {
+        return [&, kind](const Shape &s) -> double {
+            if (!cublas) throw std::runtime_error(why);
+            return cublas->gemmMs(kind, s.m, s.n, s.k, options.quick ? 3 : 7);
+        };
+    };
+    matrixUnitRows<lang::bf16>(client, device, "bf16", shapes, options, rows,
+                               reference(GemmKind::Bf16), ">= 0.50x");
+    matrixUnitRows<lang::f16>(client, device, "f16", shapes, options, rows, reference(GemmKind::F16),
+                              info.backend == "vulkan" ? ">= 0.40x" : ">= 0.50x");
+    matrixUnitRows<float>(client, device, "tf32", shapes, options, rows, reference(GemmKind::Tf32),
+                          ">= 0.50x");
+    if (!options.quick || info.backend == "cuda")
+        f32Rows(client, device, {shapes[0]}, options, rows, reference(GemmKind::F32));
+}
+
 void benchDevice(ComputeClient &client, const BenchOptions &options, BenchRows &rows) {
     const DeviceInfo &info = client.device();
     const std::string device = info.id() + " " + info.name;
@@ -328,6 +498,7 @@ void benchDevice(ComputeClient &client, const BenchOptions &options, BenchRows &
         const uint32_t size = options.quick || info.type == DeviceType::Cpu ? 512 : 2048;
         const Baseline baseline = gpuTiles(client, device, size, options, rows);
         tunedMatmul(client, device, size, baseline, options, rows);
+        cublasRows(client, device, options, rows);
     }
     std::fprintf(stderr, "bench kernels: %s done in %.1f s\n", device.c_str(), secondsSince(start));
 }

@@ -3,7 +3,10 @@
 
 #include <backplane/lang.hpp>
 
+#include <algorithm>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 /// Each function records its kernel (cheap: microseconds to a few milliseconds for the largest
 /// matmul tiles) and returns it; keep the lang::Kernel and launch it as often as needed. The launch
@@ -168,6 +171,138 @@ inline lang::Kernel matmul(MatmulTiles tiles = {}) {
                 auto row = row0 + ty + i * td;
                 auto col = col0 + tx + j * td;
                 k.If(row < m && col < n, [&] { c[row * n + col] = acc[i * wpt + j]; });
+            }
+    });
+}
+
+/// The tiles of matmulMatrixUnits(): a block of blockM x blockN outputs per workgroup, split
+/// among warpsM x warpsN subgroups (each computes (blockM / warpsM) x (blockN / warpsN) outputs
+/// as 16 x 16 accumulators), stepping blockK through K in shared memory.
+struct MatrixMatmulTiles {
+    uint32_t blockM = 128, blockN = 128, blockK = 32;
+    uint32_t warpsM = 2, warpsN = 4;
+    /// Elements per vector access when staging tiles (2, 4 or 8; at most 16 bytes: 8 for f16 and
+    /// bf16, 4 for float). A device must load vectors of this width
+    /// (DeviceInfo::features.loadsVectorsOf); 4 works everywhere vectors do.
+    uint32_t vector = 8;
+
+    std::string name(lang::Type input) const {
+        return std::string("matmul_mu_") + lang::toString(input) + "_" + std::to_string(blockM) +
+               "x" + std::to_string(blockN) + "x" + std::to_string(blockK) + "_w" +
+               std::to_string(warpsM) + "x" + std::to_string(warpsN) + "_v" + std::to_string(vector);
+    }
+    uint32_t subgroups() const { return warpsM * warpsN; }
+    /// Dispatch::block for a device of `subgroupSize` (DeviceInfo::subgroupSize).
+    uint32_t threads(uint32_t subgroupSize) const { return subgroups() * subgroupSize; }
+    /// Whether the tiles divide into 16 x 16 accumulators and K steps of the input's tile.
+    bool valid(uint32_t tileK) const {
+        return warpsM > 0 && warpsN > 0 && blockM % (16 * warpsM) == 0 &&
+               blockN % (16 * warpsN) == 0 && blockK > 0 && blockK % tileK == 0 && blockK % 8 == 0 &&
+               (vector == 2 || vector == 4 || vector == 8);
+    }
+};
+
+/// C (m x n, f32) = A (m x k) * B (k x n), row-major, on the matrix units: T is lang::f16 or
+/// lang::bf16 (16x16x16 tiles) or float (16x16x8 tiles, inputs rounded to tf32). Each
+/// workgroup stages blockM x blockK of A and blockK x blockN of B in shared memory (zeros past
+/// the edges, so any m, n, k work), each subgroup multiplies its fragments, and the
+/// accumulators go out through shared memory with the edges clipped. Bindings: a, b (read), c
+/// (write); scalars m, n, k (u32). Launch block {tiles.threads(device.subgroupSize)}, grid
+/// {ceil(n / blockN), ceil(m / blockM), 1}. A device without the tile's matrix shape refuses
+/// the kernel at execute() (Kernel::missingOn names it); tiles.valid() must hold.
+template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) {
+    constexpr lang::Type input = lang::typeOf<T>();
+    tiles.vector = std::min<uint32_t>(tiles.vector, 16 / sizeof(T));
+    return lang::kernel(tiles.name(input), [tiles](lang::Builder &k) {
+        using lang::Value;
+        const lang::MatrixTile tile{16, 16, std::is_same_v<T, float> ? 8u : 16u};
+        const uint32_t bm = tiles.blockM, bn = tiles.blockN, bk = tiles.blockK;
+        const uint32_t fm = bm / tiles.warpsM / 16, fn = bn / tiles.warpsN / 16;
+        // Rows of the shared tiles padded by 8 elements: ldmatrix rows then fall in different
+        // banks, and offsets stay multiples of 8.
+        const uint32_t strideA = bk + 8, strideB = bn + 8;
+        auto a = k.input<T>();
+        auto b = k.input<T>();
+        auto c = k.output<float>();
+        auto m = k.scalar<uint32_t>();
+        auto n = k.scalar<uint32_t>();
+        auto kk = k.scalar<uint32_t>();
+        auto tileA = k.shared<T>(bm * strideA);
+        auto tileB = k.shared<T>(bk * strideB);
+        auto out = k.shared<float>(tiles.subgroups() * 256);
+        auto tid = k.localIndex();
+        auto threads = k.groupSize().x;
+        auto width = k.subgroupSize();
+        auto warp = tid / width;
+        auto lane = tid - warp * width;
+        auto warpRow = warp / tiles.warpsN * (fm * 16);
+        auto warpCol = warp % tiles.warpsN * (fn * 16);
+        auto row0 = k.groupId().y * bm;
+        auto col0 = k.groupId().x * bn;
+
+        std::vector<lang::Matrix<float, lang::MatrixUse::Accumulator>> acc;
+        for (uint32_t i = 0; i < fm * fn; ++i) {
+            acc.push_back(k.accumulator<float>(tile));
+            acc.back().fill(0.0f);
+        }
+        std::vector<lang::Matrix<T, lang::MatrixUse::A>> fa;
+        std::vector<lang::Matrix<T, lang::MatrixUse::B>> fb;
+        for (uint32_t i = 0; i < fm; ++i) fa.push_back(k.matrixA<T>(tile));
+        for (uint32_t j = 0; j < fn; ++j) fb.push_back(k.matrixB<T>(tile));
+
+        k.For(0u, kk, bk, [&](Value<uint32_t> k0) {
+            // rows x cols of `src` (row length `length`, `limitRows` rows) from (r0, c0) into
+            // `dst` (row stride `stride`): a vector copy where a whole vector is inside (16-bit
+            // types move as bits on CUDA), element copies with zeros past the edges.
+            auto stage = [&]<uint32_t V>(lang::Array<T> dst, uint32_t stride, lang::Binding<T> src,
+                                         uint32_t rows, uint32_t cols, Value<uint32_t> r0,
+                                         Value<uint32_t> c0, Value<uint32_t> limitRows,
+                                         Value<uint32_t> length) {
+                k.For(tid, rows * (cols / V), threads, [&](Value<uint32_t> e) {
+                    auto r = e / (cols / V);
+                    auto col = e % (cols / V) * V;
+                    auto at = r * stride + col;
+                    auto from = (r0 + r) * length + c0 + col;
+                    k.If(r0 + r < limitRows && c0 + col + V <= length,
+                         [&] { storeVector(dst, at, lang::loadVector<V>(src, from)); })
+                        .Else([&] {
+                            for (uint32_t q = 0; q < V; ++q)
+                                k.If(r0 + r < limitRows && c0 + col + q < length,
+                                     [&] { dst[at + q] = src[from + q]; })
+                                    .Else([&] { dst[at + q] = T(0.0f); });
+                        });
+                });
+            };
+            const auto stageBoth = [&]<uint32_t V>() {
+                stage.template operator()<V>(tileA, strideA, a, bm, bk, row0, k0, m, kk);
+                stage.template operator()<V>(tileB, strideB, b, bk, bn, k0, col0, kk, n);
+            };
+            if (tiles.vector == 8) stageBoth.template operator()<(sizeof(T) <= 2 ? 8 : 4)>();
+            else if (tiles.vector == 4) stageBoth.template operator()<4>();
+            else stageBoth.template operator()<2>();
+            k.barrier();
+            for (uint32_t step = 0; step < bk; step += tile.k) {
+                for (uint32_t i = 0; i < fm; ++i)
+                    fa[i].load(tileA, (warpRow + i * 16) * strideA + step, strideA);
+                for (uint32_t j = 0; j < fn; ++j)
+                    fb[j].load(tileB, warpCol + j * 16 + step * strideB, strideB);
+                for (uint32_t i = 0; i < fm; ++i)
+                    for (uint32_t j = 0; j < fn; ++j)
+                        mma(acc[i * fn + j], fa[i], fb[j], acc[i * fn + j]);
+            }
+            k.barrier();
+        });
+        // Each accumulator through this subgroup's 16 x 16 of shared memory, clipped to C.
+        for (uint32_t i = 0; i < fm; ++i)
+            for (uint32_t j = 0; j < fn; ++j) {
+                acc[i * fn + j].store(out, warp * 256u, 16u);
+                k.barrier();
+                k.For(lane, 256u, width, [&](Value<uint32_t> e) {
+                    auto row = row0 + warpRow + i * 16 + e / 16u;
+                    auto col = col0 + warpCol + j * 16 + e % 16u;
+                    k.If(row < m && col < n, [&] { c[row * n + col] = out[warp * 256u + e]; });
+                });
+                k.barrier();
             }
     });
 }

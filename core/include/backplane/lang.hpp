@@ -104,6 +104,9 @@ struct KernelOptions {
     bool checked = false;
 };
 
+enum class MatrixUse : uint8_t; // defined with Matrix below
+enum class Layout : uint8_t;
+
 namespace detail {
 
 /// Operations of the IR (core/src/lang/ir.hpp documents each).
@@ -172,6 +175,20 @@ void recordFor(Type type, Handle begin, Handle end, Handle step,
 void recordWhile(const std::function<Handle()> &condition, const std::function<void()> &body);
 void recordJump(Jump jump);
 void recordBarrier();
+
+/// Vectors (Vector below): `width` consecutive elements from `index` on, loaded as `width` Let
+/// statements in a row (the parts, returned in order) or stored as `width` stores in a row.
+std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_t width);
+void storeVector(Space space, Handle target, Handle index, const std::vector<Handle> &parts);
+
+/// Matrix units (Matrix below): declare a fragment, and the statements that use one.
+Handle declareMatrix(MatrixUse use, Type type, uint32_t m, uint32_t n, uint32_t k);
+void matrixFill(Handle matrix, Handle value);
+/// Loads (store = false) or stores a fragment from / to `space` `target` (a binding or a shared
+/// array) at element `offset` with `stride` elements between rows (columns when column-major).
+void matrixMemory(bool store, Handle matrix, Space space, Handle target, Handle offset,
+                  Handle stride, Layout layout);
+void matrixMma(Handle d, Handle a, Handle b, Handle c);
 
 struct Module; // the recorded IR, core/src/lang/ir.hpp
 
@@ -372,6 +389,8 @@ template <class T> class Array {
 public:
     Element<T> operator[](const Value<uint32_t> &index) const { return Element<T>(space_, id_, index); }
     uint32_t size() const noexcept { return size_; }
+    detail::Space space() const noexcept { return space_; }
+    detail::Handle id() const noexcept { return id_; }
     static Array wrap(detail::Space space, detail::Handle id, uint32_t size) { return Array(space, id, size); }
 
 private:
@@ -380,6 +399,142 @@ private:
     detail::Handle id_;
     uint32_t size_;
 };
+
+/// N consecutive elements of a buffer or array as one value: loadVector / storeVector move
+/// them with one memory operation where the target has them (CUDA and HIP: up to 16 bytes, e.g.
+/// 8 bf16 or 4 float), which is what makes a kernel reach the memory bandwidth. N is 2, 4 or 8
+/// and N * sizeof(T) at most 16. The first element's index must be a multiple of N: a constant
+/// one that is not is refused at recording; one known only at run time, or a binding that is a
+/// view at an unaligned offset, makes the access element by element (defined, slower). Checked
+/// kernels check each element. Arithmetic is element-wise. DeviceInfo::features.vectorWidths
+/// says which N a device takes; execute() refuses the others.
+template <class T, uint32_t N> class Vector {
+    static_assert(N == 2 || N == 4 || N == 8, "vectors have 2, 4 or 8 elements");
+    static_assert(isElementType<T> && N * sizeof(T) <= 16, "vectors are at most 16 bytes");
+
+public:
+    explicit Vector(std::vector<Value<T>> parts) : parts_(std::move(parts)) {}
+    /// N copies of one value.
+    explicit Vector(const Value<T> &all) : parts_(N, all) {}
+    static constexpr uint32_t size() { return N; }
+    const Value<T> &operator[](uint32_t i) const { return parts_.at(i); }
+    const std::vector<Value<T>> &parts() const noexcept { return parts_; }
+
+    friend Vector operator+(const Vector &a, const Vector &b) { return zip(a, b, [](auto x, auto y) { return x + y; }); }
+    friend Vector operator-(const Vector &a, const Vector &b) { return zip(a, b, [](auto x, auto y) { return x - y; }); }
+    friend Vector operator*(const Vector &a, const Vector &b) { return zip(a, b, [](auto x, auto y) { return x * y; }); }
+    friend Vector operator/(const Vector &a, const Vector &b) { return zip(a, b, [](auto x, auto y) { return x / y; }); }
+    friend Vector operator*(const Vector &a, const Value<T> &s) { return a * Vector(s); }
+    friend Vector operator*(const Value<T> &s, const Vector &a) { return Vector(s) * a; }
+    friend Vector operator+(const Vector &a, const Value<T> &s) { return a + Vector(s); }
+
+private:
+    template <class F> static Vector zip(const Vector &a, const Vector &b, F f) {
+        std::vector<Value<T>> out;
+        for (uint32_t i = 0; i < N; ++i) out.push_back(f(a.parts_[i], b.parts_[i]));
+        return Vector(std::move(out));
+    }
+    std::vector<Value<T>> parts_;
+};
+
+namespace detail {
+template <class T, uint32_t N>
+Vector<T, N> wrapVector(const std::vector<Handle> &handles) {
+    std::vector<Value<T>> parts;
+    for (Handle h : handles) parts.push_back(Value<T>::wrap(h));
+    return Vector<T, N>(std::move(parts));
+}
+template <class T, uint32_t N> std::vector<Handle> handlesOf(const Vector<T, N> &v) {
+    std::vector<Handle> handles;
+    for (const Value<T> &p : v.parts()) handles.push_back(p.handle());
+    return handles;
+}
+} // namespace detail
+
+/// Elements index .. index + N - 1 of a buffer or shared / private array.
+template <uint32_t N, class T> Vector<T, N> loadVector(const Binding<T> &from, const Value<uint32_t> &index) {
+    return detail::wrapVector<T, N>(detail::loadVector(detail::Space::Buffer, from.id(), index.handle(), N));
+}
+template <uint32_t N, class T> Vector<T, N> loadVector(const Array<T> &from, const Value<uint32_t> &index) {
+    return detail::wrapVector<T, N>(detail::loadVector(from.space(), from.id(), index.handle(), N));
+}
+template <class T, uint32_t N>
+void storeVector(const Binding<T> &to, const Value<uint32_t> &index, const Vector<T, N> &v) {
+    detail::storeVector(detail::Space::Buffer, to.id(), index.handle(), detail::handlesOf(v));
+}
+template <class T, uint32_t N>
+void storeVector(const Array<T> &to, const Value<uint32_t> &index, const Vector<T, N> &v) {
+    detail::storeVector(to.space(), to.id(), index.handle(), detail::handlesOf(v));
+}
+
+/// The part a matrix fragment plays in D = A * B + C on the matrix units.
+enum class MatrixUse : uint8_t { A, B, Accumulator };
+
+/// How a matrix lies in memory: element (row, col) at offset + row * stride + col (RowMajor) or
+/// at offset + col * stride + row (ColMajor).
+enum class Layout : uint8_t { RowMajor, ColMajor };
+
+/// The shape of one multiply-accumulate of the matrix units: D (m x n) = A (m x k) * B (k x n) + C.
+/// The language has two: {16, 16, 16} with f16 or bf16 inputs and {16, 16, 8} with f32 inputs
+/// (rounded to tf32, 10 mantissa bits, nearest with ties away from zero), both with f32
+/// accumulators. Which a device runs is in DeviceInfo::features.matrixShapes.
+struct MatrixTile {
+    uint32_t m = 16, n = 16, k = 16;
+    friend bool operator==(const MatrixTile &, const MatrixTile &) = default;
+};
+
+/// A fragment of a matrix held by the matrix units: an A or B input or an accumulator, of one
+/// MatrixTile shape. A fragment belongs to a subgroup (a warp on CUDA; on the host, where a
+/// subgroup is one thread, to each thread): every thread of the subgroup runs each operation on
+/// it together with the same arguments, so the operations are only allowed in uniform control
+/// flow (like barrier()), and threads of one subgroup must pass the same offsets and strides.
+/// Split the work of a workgroup by subgroup: k.localIndex() / k.subgroupSize().
+///
+/// load and store move rows x cols elements (A: m x k, B: k x n, accumulator: m x n) between
+/// the fragment and a buffer or a shared array. Offsets and strides are in elements; multiples
+/// of 8 are fastest (CUDA loads shared memory with ldmatrix) and Vulkan requires them (others are
+/// refused when constant and undefined otherwise). Checked kernels (KernelOptions::checked): a
+/// load that reaches past the buffer or array loads zeros, a store writes nothing.
+template <class T, MatrixUse U> class Matrix {
+public:
+    /// Every element := value.
+    void fill(const Value<T> &value) const { detail::matrixFill(id_, value.handle()); }
+    void load(const Binding<T> &source, const Value<uint32_t> &offset, const Value<uint32_t> &stride,
+              Layout layout = Layout::RowMajor) const {
+        detail::matrixMemory(false, id_, detail::Space::Buffer, source.id(), offset.handle(), stride.handle(), layout);
+    }
+    void load(const Array<T> &source, const Value<uint32_t> &offset, const Value<uint32_t> &stride,
+              Layout layout = Layout::RowMajor) const {
+        detail::matrixMemory(false, id_, source.space(), source.id(), offset.handle(), stride.handle(), layout);
+    }
+    /// Accumulators only.
+    void store(const Binding<T> &target, const Value<uint32_t> &offset, const Value<uint32_t> &stride,
+               Layout layout = Layout::RowMajor) const {
+        static_assert(U == MatrixUse::Accumulator, "only accumulators are stored");
+        detail::matrixMemory(true, id_, detail::Space::Buffer, target.id(), offset.handle(), stride.handle(), layout);
+    }
+    void store(const Array<T> &target, const Value<uint32_t> &offset, const Value<uint32_t> &stride,
+               Layout layout = Layout::RowMajor) const {
+        static_assert(U == MatrixUse::Accumulator, "only accumulators are stored");
+        detail::matrixMemory(true, id_, target.space(), target.id(), offset.handle(), stride.handle(), layout);
+    }
+    MatrixTile tile() const noexcept { return tile_; }
+    detail::Handle id() const noexcept { return id_; }
+    static Matrix wrap(detail::Handle id, MatrixTile tile) { return Matrix(id, tile); }
+
+private:
+    Matrix(detail::Handle id, MatrixTile tile) : id_(id), tile_(tile) {}
+    detail::Handle id_;
+    MatrixTile tile_;
+};
+
+/// d = a * b + c on the matrix units (d may be c). The products of the rounded inputs are exact
+/// and summed in f32 (the host sums exactly and rounds once; GPUs may round partial sums).
+template <class In, class Acc>
+void mma(const Matrix<Acc, MatrixUse::Accumulator> &d, const Matrix<In, MatrixUse::A> &a,
+         const Matrix<In, MatrixUse::B> &b, const Matrix<Acc, MatrixUse::Accumulator> &c) {
+    detail::matrixMma(d.id(), a.id(), b.id(), c.id());
+}
 
 /// Three u32 device values (an id or a size per axis).
 struct Dim3 {
@@ -428,6 +583,19 @@ public:
     /// `length` elements private to each thread.
     template <class T> Array<T> array(uint32_t length) {
         return Array<T>::wrap(detail::Space::Private, detail::declareArray(detail::Space::Private, typeOf<T>(), length), length);
+    }
+
+    /// A matrix-unit fragment (see Matrix): its contents start undefined.
+    template <class T> Matrix<T, MatrixUse::A> matrixA(MatrixTile tile = {}) { return matrix<T, MatrixUse::A>(tile); }
+    template <class T> Matrix<T, MatrixUse::B> matrixB(MatrixTile tile = {}) { return matrix<T, MatrixUse::B>(tile); }
+    template <class T> Matrix<T, MatrixUse::Accumulator> accumulator(MatrixTile tile = {}) {
+        return matrix<T, MatrixUse::Accumulator>(tile);
+    }
+    template <class T, MatrixUse U> Matrix<T, U> matrix(MatrixTile tile) {
+        static_assert(isFloatType<T>, "matrix fragments hold f16, bf16 or float");
+        return Matrix<T, U>::wrap(detail::declareMatrix(U, typeOf<T>(),
+                                                        tile.m, tile.n, tile.k),
+                                  tile);
     }
 
     // -- control flow ----------------------------------------------------------------------------

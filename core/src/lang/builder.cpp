@@ -724,6 +724,186 @@ void recordBarrier() {
     r.append(s);
 }
 
+std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_t width) {
+    Recorder &r = current();
+    if (width != 2 && width != 4 && width != 8) r.fail("vectors have 2, 4 or 8 elements");
+    if (space == Space::Var) r.fail("vector loads read buffers and arrays");
+    const Type type = targetType(r, space, target);
+    if (width * sizeOf(type) > 16) r.fail("a vector of " + std::to_string(width) + " " + toString(type) +
+                                          " is over 16 bytes");
+    const uint32_t first = indexOf(r, index);
+    if (const Node &n = r.module().nodes[first]; n.op == Op::Constant && n.imm % width != 0)
+        r.fail("a vector of " + std::to_string(width) + " at index " + std::to_string(n.imm) +
+               ", not a multiple of " + std::to_string(width));
+    // The parts' indices first, then the parts: consecutive statements, part 0 first.
+    std::vector<Handle> indices = {index};
+    for (uint32_t i = 1; i < width; ++i)
+        indices.push_back(binary(Op::Add, index, constant(Type::U32, i)));
+    std::vector<Handle> parts;
+    for (uint32_t i = 0; i < width; ++i) {
+        const Handle h = load(space, target, indices[i]);
+        Node &n = r.module().nodes[h.id];
+        n.vectorWidth = static_cast<uint8_t>(width);
+        n.vectorPart = static_cast<uint8_t>(i);
+        parts.push_back(h);
+    }
+    r.module().vectorWidths |= 1u << width;
+    return parts;
+}
+
+void storeVector(Space space, Handle target, Handle index, const std::vector<Handle> &parts) {
+    Recorder &r = current();
+    const auto width = static_cast<uint32_t>(parts.size());
+    if (width != 2 && width != 4 && width != 8) r.fail("vectors have 2, 4 or 8 elements");
+    if (space == Space::Var) r.fail("vector stores write buffers and arrays");
+    const Type type = targetType(r, space, target);
+    if (width * sizeOf(type) > 16) r.fail("a vector of " + std::to_string(width) + " " + toString(type) +
+                                          " is over 16 bytes");
+    const uint32_t first = indexOf(r, index);
+    if (const Node &n = r.module().nodes[first]; n.op == Op::Constant && n.imm % width != 0)
+        r.fail("a vector of " + std::to_string(width) + " at index " + std::to_string(n.imm) +
+               ", not a multiple of " + std::to_string(width));
+    std::vector<Handle> indices = {index};
+    for (uint32_t i = 1; i < width; ++i)
+        indices.push_back(binary(Op::Add, index, constant(Type::U32, i)));
+    for (uint32_t i = 0; i < width; ++i) {
+        store(space, target, indices[i], parts[i]);
+        Stmt &s = r.module().blocks[r.frames_.back().block].stmts.back();
+        s.vectorWidth = static_cast<uint8_t>(width);
+        s.vectorPart = static_cast<uint8_t>(i);
+    }
+    r.module().vectorWidths |= 1u << width;
+}
+
+namespace {
+
+const char *useName(MatrixUse use) {
+    return use == MatrixUse::A ? "A" : use == MatrixUse::B ? "B" : "accumulator";
+}
+
+uint32_t matrixOf(Recorder &r, Handle matrix) {
+    if (matrix.kernel != r.serial() || matrix.id >= r.module().matrices.size())
+        r.fail("a matrix of another kernel (or a default-constructed one) is used; matrices "
+               "cannot cross lang::kernel() calls");
+    return matrix.id;
+}
+
+} // namespace
+
+Handle declareMatrix(MatrixUse use, Type type, uint32_t m, uint32_t n, uint32_t k) {
+    Recorder &r = current();
+    const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+    const bool half = type == Type::F16 || type == Type::BF16;
+    if (use == MatrixUse::Accumulator) {
+        if (type != Type::F32)
+            r.fail(std::string("a matrix accumulator of ") + toString(type) +
+                   "; accumulators are f32");
+        if (!((m == 16 && n == 16 && k == 16) || (m == 16 && n == 16 && k == 8)))
+            r.fail("a matrix tile of " + shape + "; the matrix units take 16x16x16 (f16 or bf16 "
+                   "inputs) and 16x16x8 (f32 inputs, rounded to tf32)");
+    } else if (!((half && m == 16 && n == 16 && k == 16) ||
+                 (type == Type::F32 && m == 16 && n == 16 && k == 8))) {
+        r.fail(std::string("a matrix ") + useName(use) + " of " + toString(type) + " in a " +
+               shape + " tile; the matrix units take f16 or bf16 inputs in 16x16x16 and f32 "
+               "inputs (rounded to tf32) in 16x16x8");
+    }
+    r.module().matrices.push_back({use, type, m, n, k});
+    return {static_cast<uint32_t>(r.module().matrices.size() - 1), r.serial()};
+}
+
+void matrixFill(Handle matrix, Handle value) {
+    Recorder &r = current();
+    const uint32_t id = matrixOf(r, matrix);
+    const uint32_t v = r.use(value, "a matrix fill value");
+    if (r.module().nodes[v].type != r.module().matrices[id].type)
+        r.fail("a matrix fill value of another type than the matrix");
+    r.collective("a matrix fill");
+    Stmt s;
+    s.kind = StmtKind::MatrixFill;
+    s.matrix = id;
+    s.value = v;
+    r.append(s);
+}
+
+void matrixMemory(bool store, Handle matrix, Space space, Handle target, Handle offset,
+                  Handle stride, Layout layout) {
+    Recorder &r = current();
+    const uint32_t id = matrixOf(r, matrix);
+    const MatrixDecl decl = r.module().matrices[id];
+    const char *what = store ? "a matrix store" : "a matrix load";
+    if (space != Space::Buffer && space != Space::Shared)
+        r.fail(std::string(what) + " from a private array; matrices load from and store to "
+               "buffers and shared arrays");
+    if (store && decl.use != MatrixUse::Accumulator)
+        r.fail(std::string("a store of a matrix ") + useName(decl.use) + "; only accumulators "
+               "are stored");
+    const Type type = targetType(r, space, target);
+    if (type != decl.type)
+        r.fail(std::string(what) + " of a " + toString(decl.type) + " matrix " +
+               (store ? "into " : "from ") + toString(type) + " memory");
+    if (space == Space::Buffer) {
+        const Access access = r.module().bindings[target.id].access;
+        if (store && access == Access::Read)
+            r.fail("binding " + std::to_string(target.id) + " is an input (read-only); a matrix "
+                   "store needs k.inout<T>() or k.output<T>()");
+        if (!store && access == Access::Write)
+            r.fail("binding " + std::to_string(target.id) + " is an output (write-only); a "
+                   "matrix load needs k.input<T>() or k.inout<T>()");
+    }
+    const uint32_t at = indexOf(r, offset);
+    const uint32_t step = indexOf(r, stride);
+    for (uint32_t node : {at, step}) {
+        const Node &n = r.module().nodes[node];
+        if (n.op == Op::Constant && n.imm % 8 != 0)
+            r.fail(std::string(what) + " with " + (node == at ? "offset " : "stride ") +
+                   std::to_string(n.imm) + "; matrix offsets and strides are multiples of 8 "
+                   "elements");
+    }
+    const uint32_t inner = layout == Layout::RowMajor ? decl.cols() : decl.rows();
+    if (const Node &n = r.module().nodes[step]; n.op == Op::Constant && n.imm < inner)
+        r.fail(std::string(what) + " with stride " + std::to_string(n.imm) + ", less than the " +
+               std::to_string(inner) + " elements of a " +
+               (layout == Layout::RowMajor ? "row" : "column"));
+    r.collective(what);
+    if (space == Space::Shared) {
+        auto &backed = r.module().matrixArrays;
+        if (backed.size() < r.module().arrays.size()) backed.resize(r.module().arrays.size());
+        backed[target.id] = true;
+    }
+    Stmt s;
+    s.kind = store ? StmtKind::MatrixStore : StmtKind::MatrixLoad;
+    s.matrix = id;
+    s.space = space;
+    s.target = target.id;
+    s.index = at;
+    s.value = step;
+    s.layout = layout;
+    r.append(s);
+}
+
+void matrixMma(Handle d, Handle a, Handle b, Handle c) {
+    Recorder &r = current();
+    const uint32_t ids[4] = {matrixOf(r, d), matrixOf(r, a), matrixOf(r, b), matrixOf(r, c)};
+    const auto &decls = r.module().matrices;
+    const MatrixDecl &md = decls[ids[0]], &ma = decls[ids[1]], &mb = decls[ids[2]], &mc = decls[ids[3]];
+    if (md.use != MatrixUse::Accumulator || ma.use != MatrixUse::A || mb.use != MatrixUse::B ||
+        mc.use != MatrixUse::Accumulator)
+        r.fail("mma(d, a, b, c) takes an accumulator, an A, a B and an accumulator");
+    const auto same = [](const MatrixDecl &x, const MatrixDecl &y) {
+        return x.m == y.m && x.n == y.n && x.k == y.k;
+    };
+    if (!same(md, ma) || !same(md, mb) || !same(md, mc) || ma.type != mb.type)
+        r.fail("mma(d, a, b, c) on matrices of different tiles or input types");
+    r.collective("mma()");
+    Stmt s;
+    s.kind = StmtKind::MatrixMma;
+    s.matrix = ids[0];
+    s.operands[0] = ids[1];
+    s.operands[1] = ids[2];
+    s.operands[2] = ids[3];
+    r.append(s);
+}
+
 /// Records `body` into a fresh module (used by lang::kernel()).
 std::shared_ptr<Module> record(std::string name, const std::function<void(Builder &)> &body,
                                KernelOptions options) {
@@ -743,7 +923,9 @@ std::shared_ptr<Module> record(std::string name, const std::function<void(Builde
         throw Error(ErrorCode::InvalidArgument,
                     recorder.failure() + " (the kernel body caught this error and continued; "
                                          "a kernel with a refused operation is not built)");
-    return std::make_shared<Module>(std::move(recorder.module()));
+    Module &m = recorder.module();
+    m.matrixArrays.resize(m.arrays.size());
+    return std::make_shared<Module>(std::move(m));
 }
 
 } // namespace backplane::lang::detail

@@ -339,7 +339,8 @@ public:
     void run(const Module &module, const bp_host_kernel_context &context);
     /// Bytes of per-lane and shared scratch this thread keeps between calls.
     size_t scratchBytes() const {
-        return 4 * (regs_.capacity() + vars_.capacity() + private_.capacity() + shared_.capacity());
+        return 4 * (regs_.capacity() + vars_.capacity() + private_.capacity() + shared_.capacity() +
+                    matrices_.capacity());
     }
 
 private:
@@ -419,6 +420,12 @@ private:
     BACKPLANE_LANE_LOOPS void load(const Node &node, uint32_t *out, const Mask &m);
     BACKPLANE_LANE_LOOPS void store(const Stmt &s, const Mask &m);
     void atomic(const Node &node, uint32_t *out, const Mask &m);
+    void matrix(const Stmt &s, const Mask &m);
+    float *fragment(uint32_t matrix, uint32_t lane) {
+        const MatrixDecl &d = m_->matrices[matrix];
+        return matrices_.data() + size_t{matrixOffset_[matrix]} * n_ +
+               size_t{lane} * d.rows() * d.cols();
+    }
 
     const Module *m_ = nullptr;
     /// What plan() reads of the Module, as words: this call's, and the one of the plan below
@@ -456,6 +463,8 @@ private:
     std::vector<std::tuple<uint32_t, uint64_t, uint32_t>> leaves_;
     std::vector<uint32_t> endStart_, endNodes_, freeSlots_;
     std::vector<uint32_t> privOffset_, sharedOffset_;
+    std::vector<uint32_t> matrixOffset_; ///< per matrix, its words per lane before it
+    uint64_t matrixWords_ = 0;           ///< words of every matrix, per lane
     uint32_t positions_ = 0;
     uint32_t maxLevel_ = 0;
     uint32_t slots_ = 0;
@@ -467,6 +476,7 @@ private:
     std::vector<uint32_t> vars_;
     std::vector<uint32_t> private_;
     std::vector<uint32_t> shared_;
+    std::vector<float> matrices_; ///< [matrix][lane][row * cols + col]
     std::vector<uint8_t> dead_;
     std::vector<uint8_t> maskOn_;
     std::vector<uint32_t> maskLanes_;
@@ -660,6 +670,19 @@ bool Interpreter::walk(uint32_t block, uint32_t freeLevel) {
             returns = returns || s.jump == Jump::Return;
             break;
         case StmtKind::Barrier:
+            break;
+        case StmtKind::MatrixFill:
+            if (s.matrix >= m.matrices.size() || !use(s.value, pos)) return false;
+            break;
+        case StmtKind::MatrixLoad:
+        case StmtKind::MatrixStore:
+            if (s.matrix >= m.matrices.size() || (s.space != Space::Buffer && s.space != Space::Shared) ||
+                !checkTarget(s.space, s.target, false) || !use(s.index, pos) || !use(s.value, pos))
+                return false;
+            break;
+        case StmtKind::MatrixMma:
+            for (uint32_t f : {s.matrix, s.operands[0], s.operands[1], s.operands[2]})
+                if (f >= m.matrices.size()) return false;
             break;
         default:
             return false;
@@ -882,9 +905,9 @@ void Interpreter::allocate() {
 }
 
 void Interpreter::sign(const Module &module) {
-    size_t words = 4 + 5 * module.nodes.size() + 2 * module.arrays.size();
+    size_t words = 5 + 5 * module.nodes.size() + 2 * module.arrays.size() + 4 * module.matrices.size();
     for (const Block &b : module.blocks)
-        words += 1 + 10 * b.stmts.size();
+        words += 1 + 15 * b.stmts.size();
     signature_.resize(words);
     uint32_t *out = signature_.data();
     auto put = [&](size_t value) { *out++ = static_cast<uint32_t>(value); };
@@ -892,6 +915,13 @@ void Interpreter::sign(const Module &module) {
     put(module.blocks.size());
     put(module.bindings.size());
     put(module.vars.size());
+    put(module.matrices.size());
+    for (const MatrixDecl &d : module.matrices) {
+        put(uint32_t{static_cast<uint8_t>(d.use)} | uint32_t{static_cast<uint8_t>(d.type)} << 8);
+        put(d.m);
+        put(d.n);
+        put(d.k);
+    }
     for (const Node &n : module.nodes) {
         put(uint32_t{static_cast<uint8_t>(n.op)} | uint32_t{static_cast<uint8_t>(n.type)} << 8 |
             uint32_t{static_cast<uint8_t>(n.space)} << 16 |
@@ -912,7 +942,8 @@ void Interpreter::sign(const Module &module) {
                 uint32_t{static_cast<uint8_t>(st.space)} << 8 |
                 uint32_t{static_cast<uint8_t>(st.jump)} << 16);
             for (uint32_t v : {st.node, st.target, st.index, st.value, st.body, st.other, st.begin,
-                               st.end, st.step})
+                               st.end, st.step, st.matrix, st.operands[0], st.operands[1],
+                               st.operands[2], static_cast<uint32_t>(st.layout)})
                 put(v);
         }
     }
@@ -963,6 +994,13 @@ bool Interpreter::plan() {
         }
         if (privWords_ >= kNone || sharedWords_ >= kNone) return false;
     }
+    matrixOffset_.assign(m.matrices.size(), 0);
+    matrixWords_ = 0;
+    for (uint32_t f = 0; f < m.matrices.size(); ++f) {
+        matrixOffset_[f] = static_cast<uint32_t>(matrixWords_);
+        matrixWords_ += uint64_t{m.matrices[f].rows()} * m.matrices[f].cols();
+        if (matrixWords_ >= kNone) return false;
+    }
     allocate();
     return true;
 }
@@ -978,13 +1016,15 @@ bool Interpreter::prepare(const bp_host_kernel_context &context) {
     const uint64_t n = n_;
     const uint64_t levels = uint64_t{maxLevel_} + 1;
     const uint64_t words =
-        uint64_t{slots_} * n + m.vars.size() * n + privWords_ * n + sharedWords_ + levels * n * 2;
+        uint64_t{slots_} * n + m.vars.size() * n + privWords_ * n + sharedWords_ + levels * n * 2 +
+        matrixWords_ * n;
     if (words > kMaxScratchWords) return false;
 
     // Registers keep their contents when they grow, so what filled_ says of them stays true.
     growTo(regs_, size_t{slots_} * n);
     vars_.assign(m.vars.size() * n, 0);
     private_.assign(privWords_ * n, 0);
+    matrices_.assign(matrixWords_ * n, 0.0f);
     shared_.assign(sharedWords_, 0);
     dead_.assign(n, kAlive);
     growTo(maskOn_, levels * n);
@@ -1219,6 +1259,12 @@ void Interpreter::runBlock(uint32_t block, Mask &m, uint32_t freeLevel) {
             return;
         case StmtKind::Barrier:
             break; // every lane finished the statements before it
+        case StmtKind::MatrixFill:
+        case StmtKind::MatrixLoad:
+        case StmtKind::MatrixStore:
+        case StmtKind::MatrixMma:
+            matrix(s, m);
+            break;
         }
     }
 }
@@ -1664,6 +1710,93 @@ void Interpreter::arithmetic(const Node &node, uint32_t *out, const Mask &m) {
 // -- memory --------------------------------------------------------------------------------------
 // Every access is bounds-checked on the host, whatever KernelOptions::checked says: an index out
 // of range loads 0, stores nothing, and an atomic returns 0.
+
+/// f32 rounded to tf32 (10 mantissa bits), nearest with ties away from zero, as CUDA's
+/// cvt.rna.tf32.f32; infinities and NaNs unchanged.
+float roundTf32(float f) {
+    uint32_t bits = std::bit_cast<uint32_t>(f);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return f;
+    bits = (bits + 0x1000u) & 0xffffe000u;
+    return std::bit_cast<float>(bits);
+}
+
+// -- matrix units --------------------------------------------------------------------------------
+
+/// The reference of the matrix units: on the host a subgroup is one thread, so each lane holds
+/// whole fragments. Products of the rounded inputs are exact; the sums of a multiply-accumulate
+/// are exact and rounded to f32 once.
+void Interpreter::matrix(const Stmt &s, const Mask &m) {
+    const Module &mod = *m_;
+    const MatrixDecl &d = mod.matrices[s.matrix];
+    const uint32_t rows = d.rows(), cols = d.cols();
+    const bool tf32 = d.type == Type::F32 && d.use != MatrixUse::Accumulator;
+    switch (s.kind) {
+    case StmtKind::MatrixFill: {
+        const uint32_t *value = reg(s.value);
+        each(m, [&](uint32_t l) {
+            float v = std::bit_cast<float>(value[l]);
+            if (tf32) v = roundTf32(v);
+            std::fill_n(fragment(s.matrix, l), rows * cols, v);
+        });
+        return;
+    }
+    case StmtKind::MatrixMma: {
+        const MatrixDecl &a = mod.matrices[s.operands[0]];
+        const uint32_t mm = a.m, nn = a.n, kk = a.k;
+        std::vector<float> result(size_t{mm} * nn);
+        each(m, [&](uint32_t l) {
+            const float *fa = fragment(s.operands[0], l), *fb = fragment(s.operands[1], l),
+                        *fc = fragment(s.operands[2], l);
+            for (uint32_t i = 0; i < mm; ++i)
+                for (uint32_t j = 0; j < nn; ++j) {
+                    double sum = fc[i * nn + j];
+                    for (uint32_t p = 0; p < kk; ++p)
+                        sum += double(fa[i * kk + p]) * double(fb[p * nn + j]);
+                    result[size_t{i} * nn + j] = static_cast<float>(sum);
+                }
+            std::copy(result.begin(), result.end(), fragment(s.matrix, l));
+        });
+        return;
+    }
+    default: break;
+    }
+    const bool store = s.kind == StmtKind::MatrixStore;
+    const bool col = s.layout == Layout::ColMajor;
+    const uint32_t *offset = reg(s.index), *stride = reg(s.value);
+    const BufferView view = s.space == Space::Buffer ? buffers_[s.target] : BufferView{};
+    uint32_t *shared = s.space == Space::Shared ? shared_.data() + sharedOffset_[s.target] : nullptr;
+    const uint64_t length = s.space == Space::Buffer ? (view.data ? view.length : 0)
+                                                     : mod.arrays[s.target].length;
+    const uint32_t size = s.space == Space::Buffer ? sizeOf(view.type) : 4;
+    const uint32_t outer = col ? cols : rows, inner = col ? rows : cols;
+    each(m, [&](uint32_t l) {
+        float *f = fragment(s.matrix, l);
+        const uint64_t o = offset[l], st = stride[l];
+        // Checked kernels: all or nothing, as on the GPU targets. Otherwise each element is
+        // checked (the GPUs leave an access past the memory undefined).
+        const bool fits = o + (outer - 1) * st + (inner - 1) < length;
+        if (mod.options.checked && !fits) {
+            if (!store) std::fill_n(f, rows * cols, 0.0f);
+            return;
+        }
+        for (uint32_t r = 0; r < rows; ++r)
+            for (uint32_t c = 0; c < cols; ++c) {
+                const uint64_t i = col ? o + c * st + r : o + r * st + c;
+                float &e = f[r * cols + c];
+                if (store) {
+                    if (i >= length) continue;
+                    const uint32_t bits = std::bit_cast<uint32_t>(e);
+                    if (shared) shared[i] = bits;
+                    else narrow(view.type, bits, view.data + i * size);
+                } else {
+                    const uint32_t bits = i >= length ? 0u
+                                          : shared ? shared[i]
+                                                   : widen(view.type, view.data + i * size);
+                    e = tf32 ? roundTf32(std::bit_cast<float>(bits)) : std::bit_cast<float>(bits);
+                }
+            }
+    });
+}
 
 void Interpreter::load(const Node &node, uint32_t *out, const Mask &m) {
     const uint32_t n = n_;

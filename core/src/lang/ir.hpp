@@ -37,12 +37,21 @@ struct Node {
     uint64_t imm = 0;
     Space space = Space::Buffer; ///< Load / Atomic
     AtomicOp atomicOp = AtomicOp::Add;
+    /// Load: part `vectorPart` of a vector load of `vectorWidth` elements (0: a scalar load).
+    /// The parts are consecutive Let statements, part 0 first; its index is the vector's first
+    /// element. Targets that have vector loads (CUDA, HIP) load the vector at part 0 and take
+    /// each part from it; the others (and a misaligned or, checked, partly out-of-range vector)
+    /// load each part as the scalar load it also is.
+    uint8_t vectorWidth = 0, vectorPart = 0;
     /// Variables this (uniform) value was computed from: if one of them later becomes
     /// thread-dependent, control flow decided by this value may diverge.
     std::vector<uint32_t> vars;
 };
 
-enum class StmtKind : uint8_t { Let, Store, DeclareVar, If, For, While, Jump, Barrier };
+enum class StmtKind : uint8_t {
+    Let, Store, DeclareVar, If, For, While, Jump, Barrier,
+    MatrixFill, MatrixLoad, MatrixStore, MatrixMma
+};
 
 /// One statement.
 /// - Let: evaluates `node`.
@@ -53,6 +62,10 @@ enum class StmtKind : uint8_t { Let, Store, DeclareVar, If, For, While, Jump, Ba
 /// - While: loop { other (the condition block); if (!node) break; body } (body's parent is other).
 /// - Jump: break / continue / return.
 /// - Barrier: workgroup barrier, shared memory ordered.
+/// - MatrixFill: every element of matrix `matrix` = value.
+/// - MatrixLoad / MatrixStore: matrix `matrix` from / to space/target (a binding or shared
+///   array), element offset `index`, stride `value` (nodes), `layout`.
+/// - MatrixMma: matrix `matrix` = operands[0] * operands[1] + operands[2] (matrix ids).
 struct Stmt {
     StmtKind kind = StmtKind::Let;
     uint32_t node = kNone;
@@ -63,6 +76,12 @@ struct Stmt {
     uint32_t body = kNone, other = kNone;
     uint32_t begin = kNone, end = kNone, step = kNone;
     Jump jump = Jump::Break;
+    uint32_t matrix = kNone;
+    uint32_t operands[3] = {kNone, kNone, kNone};
+    /// Store: part `vectorPart` of a vector store of `vectorWidth` elements (0: scalar), the
+    /// parts consecutive statements of one block, as for Node::vectorWidth.
+    uint8_t vectorWidth = 0, vectorPart = 0;
+    Layout layout = Layout::RowMajor;
 };
 
 struct Block {
@@ -82,6 +101,15 @@ struct ArrayDecl {
     uint32_t length = 0;
 };
 
+/// A matrix-unit fragment (lang::Matrix): D (m x n) = A (m x k) * B (k x n) + C.
+struct MatrixDecl {
+    MatrixUse use = MatrixUse::A;
+    Type type = Type::F16;
+    uint32_t m = 16, n = 16, k = 16;
+    uint32_t rows() const { return use == MatrixUse::B ? k : m; }
+    uint32_t cols() const { return use == MatrixUse::A ? k : n; }
+};
+
 /// A recorded kernel.
 struct Module {
     std::string name;
@@ -94,9 +122,18 @@ struct Module {
     std::vector<Type> scalars; ///< the caller's scalar struct, in order (32 or 64 bits each)
     std::vector<ArrayDecl> arrays;
     std::vector<Type> vars;
+    std::vector<MatrixDecl> matrices;
+    /// Shared arrays that matrices load from or store to: kept in their storage type (16-bit
+    /// floats as 16 bits) instead of the value type, so the matrix units can read them.
+    std::vector<bool> matrixArrays;
     uint32_t loops = 0; ///< For statements (LoopIndex ids)
     bool usesSubgroups = false;
+    uint32_t vectorWidths = 0; ///< bit n: the kernel loads or stores vectors of n elements
     bool usesBarrier = false;
+
+    bool matrixBacked(uint32_t array) const {
+        return array < matrixArrays.size() && matrixArrays[array];
+    }
 
     /// Bindings whose element count follows the caller's scalars, in order.
     std::vector<uint32_t> lengthFields() const {
@@ -182,6 +219,7 @@ inline uint64_t interpreterScratchBound(const Module &module, uint64_t lanes) {
     uint64_t perLane = module.nodes.size() + module.vars.size() + 2 * (module.blocks.size() + 1);
     uint64_t shared = 0;
     for (const ArrayDecl &a : module.arrays) (a.space == Space::Private ? perLane : shared) += a.length;
+    for (const MatrixDecl &d : module.matrices) perLane += uint64_t{d.rows()} * d.cols();
     return perLane * lanes + shared;
 }
 

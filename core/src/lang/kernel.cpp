@@ -6,6 +6,7 @@
 #include <backplane/client.hpp>
 #include <backplane/error.hpp>
 
+#include <algorithm>
 #include <regex>
 
 namespace backplane::lang {
@@ -119,6 +120,24 @@ std::string Kernel::missingOn(const KernelFeatures &features) const {
         const bool add = n.atomicOp == detail::AtomicOp::Add;
         if (add ? !features.addsAtomically(t) : !features.atomicBitsOn(t))
             return std::string(toString(n.type)) + (add ? " atomicAdd" : " atomic min/max/bits");
+    }
+    for (uint32_t n : {2u, 4u, 8u})
+        if ((m.vectorWidths >> n) & 1u && !features.loadsVectorsOf(n))
+            return "vectors of " + std::to_string(n) + " elements";
+    // Matrix units: every A fragment's tile with its input type and an f32 accumulator.
+    for (const detail::MatrixDecl &d : m.matrices) {
+        if (d.use != MatrixUse::A) continue;
+        MatrixShape shape;
+        shape.m = static_cast<uint16_t>(d.m);
+        shape.n = static_cast<uint16_t>(d.n);
+        shape.k = static_cast<uint16_t>(d.k);
+        shape.a = shape.b = elementOf(d.type);
+        shape.c = ElementType::F32;
+        if (std::find(features.matrixShapes.begin(), features.matrixShapes.end(), shape) ==
+            features.matrixShapes.end())
+            return "matrix units of " + std::to_string(d.m) + "x" + std::to_string(d.n) + "x" +
+                   std::to_string(d.k) + " " + toString(d.type) + "*" + toString(d.type) +
+                   "+f32" + (d.type == Type::F32 ? " (tf32)" : "");
     }
     return {};
 }

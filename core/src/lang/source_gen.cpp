@@ -23,15 +23,19 @@ public:
         std::ostringstream body;
         out_ = &body;
         depth_ = 1;
+        findRawCopies();
+        for (const MatrixDecl &d : m_.matrices) halfMatrices_ = halfMatrices_ || d.type == Type::F16;
         for (uint32_t a = 0; a < m_.arrays.size(); ++a)
             if (m_.arrays[a].space == Space::Private)
-                line(typeName(m_.arrays[a].type) + " a" + std::to_string(a) + "[" +
-                     std::to_string(m_.arrays[a].length) + "];");
+                line(std::string(glsl_ ? "" : "__align__(16) ") + typeName(m_.arrays[a].type) + " a" +
+                     std::to_string(a) + "[" + std::to_string(m_.arrays[a].length) + "];");
         if (!glsl_)
             for (uint32_t a = 0; a < m_.arrays.size(); ++a)
                 if (m_.arrays[a].space == Space::Shared)
-                    line("__shared__ " + typeName(m_.arrays[a].type) + " a" + std::to_string(a) +
-                         "[" + std::to_string(m_.arrays[a].length) + "];");
+                    line(std::string("__shared__ __align__(16) ") +
+                         arrayType(a) + " a" + std::to_string(a) + "[" +
+                         std::to_string(m_.arrays[a].length) + "];");
+        for (uint32_t f = 0; f < m_.matrices.size(); ++f) declareMatrix(f);
         block(0);
         return header() + signature() + body.str() + "}\n";
     }
@@ -71,6 +75,53 @@ private:
         case Type::BF16: return glsl_ ? "uint16_t" : "unsigned short";
         default: return typeName(t);
         }
+    }
+
+    /// Loads of 16-bit floats (CUDA) whose only use is a store into 16-bit memory of the same
+    /// type: the generated code moves their bits (staging a tile for the matrix units then costs
+    /// no conversion to float and back).
+    void findRawCopies() {
+        if (glsl_) return;
+        std::vector<uint32_t> uses(m_.nodes.size(), 0);
+        std::vector<uint32_t> storedBy(m_.nodes.size(), kNone);
+        for (const Node &n : m_.nodes)
+            for (uint32_t o : {n.a, n.b, n.c})
+                if (o != kNone && o < uses.size()) ++uses[o];
+        for (const Block &b : m_.blocks)
+            for (const Stmt &st : b.stmts) {
+                const bool condition = st.kind == StmtKind::If || st.kind == StmtKind::While;
+                for (uint32_t o : {condition ? st.node : kNone, st.index, st.value, st.begin, st.end, st.step})
+                    if (o != kNone && o < uses.size()) ++uses[o];
+                if (st.kind == StmtKind::Store && st.space != Space::Var && st.value < uses.size() &&
+                    storedNarrow(st.space, st.target))
+                    storedBy[st.value] = st.space == Space::Buffer ? static_cast<uint32_t>(m_.bindings[st.target].type)
+                                                                   : static_cast<uint32_t>(m_.arrays[st.target].type);
+            }
+        for (uint32_t i = 0; i < m_.nodes.size(); ++i) {
+            const Node &n = m_.nodes[i];
+            if (n.op != Op::Load || (n.type != Type::F16 && n.type != Type::BF16) || n.space == Space::Var ||
+                !storedNarrow(n.space, n.imm) || constantOutside(n.space, n.imm, n.a))
+                continue;
+            if (uses[i] == 1 && storedBy[i] == static_cast<uint32_t>(n.type)) rawCopy_.insert(i);
+        }
+    }
+
+    /// The element type of shared array `a`: its value type, or (matrix-backed arrays) the
+    /// bits the matrix units read: 16-bit floats as 16 bits (float16_t in GLSL).
+    std::string arrayType(uint32_t a) const {
+        const Type t = m_.arrays[a].type;
+        if (!m_.matrixBacked(a) || (t != Type::F16 && t != Type::BF16)) return typeName(t);
+        return glsl_ ? (t == Type::F16 ? "float16_t" : "float") : "unsigned short";
+    }
+    /// Whether loads and stores of `space` `target` convert like a buffer's.
+    bool storedNarrow(Space space, uint32_t target) const {
+        if (space == Space::Buffer) return true;
+        if (space != Space::Shared || !m_.matrixBacked(target)) return false;
+        const Type t = m_.arrays[target].type;
+        return !glsl_ && (t == Type::F16 || t == Type::BF16);
+    }
+    bool glslHalfArray(Space space, uint32_t a) const {
+        return glsl_ && space == Space::Shared && m_.matrixBacked(a) && m_.arrays[a].type == Type::F16;
     }
 
     std::string literal(Type t, uint64_t bits) const {
@@ -449,7 +500,13 @@ private:
                 return literal(n.type, 0);
             std::string element = n.space == Space::Var ? memory(n.space, n.imm)
                                                         : indexed(n.space, n.imm, n.a);
-            if (n.space == Space::Buffer) element = fromStorage(n.type, element);
+            if (glsl_ && halfMatrices_ && n.space == Space::Buffer && n.type == Type::F16) {
+                // Through the float16_t view the matrix units read anyway: a hardware convert.
+                halfAliases_.insert(n.imm);
+                element.insert(1 + std::to_string(n.imm).size(), "h");
+                element = "float(" + element + ")";
+            } else if (storedNarrow(n.space, n.imm)) element = fromStorage(n.type, element);
+            else if (glslHalfArray(n.space, n.imm)) element = "float(" + element + ")";
             const std::string range = n.space == Space::Var ? "" : inRange(n.space, n.imm, n.a);
             return range.empty() ? element : "(" + range + ") ? " + element + " : " + literal(n.type, 0);
         }
@@ -512,7 +569,183 @@ private:
     void line(const std::string &text) { *out_ << std::string(4 * depth_, ' ') << text << "\n"; }
 
     void block(uint32_t b) {
-        for (const Stmt &s : m_.blocks[b].stmts) statement(s);
+        const std::vector<Stmt> &stmts = m_.blocks[b].stmts;
+        for (size_t i = 0; i < stmts.size(); ++i) {
+            if (const size_t parts = vectorStore(stmts, i); parts > 0) {
+                i += parts - 1;
+                continue;
+            }
+            statement(stmts[i]);
+        }
+    }
+
+    // -- vectors (CUDA and HIP) --------------------------------------------------------------------
+    //
+    // A vector load is `width` consecutive scalar Loads (Node::vectorPart 0..width-1) and a
+    // vector store `width` consecutive Stores. Here part 0 moves the whole vector with one
+    // access of up to 16 bytes when its address is aligned (and, checked, every part is in
+    // range); otherwise each part is the scalar access it also is. GLSL prints the scalar
+    // accesses (the driver's compiler may merge them).
+
+    /// The C type of an element of `space` `target` as it lies in memory.
+    std::string repr(Space space, uint32_t target) const {
+        if (space == Space::Buffer) return storageName(m_.bindings[target].type);
+        if (space == Space::Shared) return arrayType(target);
+        return typeName(m_.arrays[target].type);
+    }
+    static uint32_t reprBytes(const std::string &r) {
+        if (r == "signed char" || r == "unsigned char") return 1;
+        if (r == "short" || r == "unsigned short") return 2;
+        if (r == "double" || r == "long long" || r == "unsigned long long") return 8;
+        if (r == "bool") return 0;
+        return 4;
+    }
+    static std::string vectorType(uint32_t bytes) {
+        return bytes == 16 ? "uint4" : bytes == 8 ? "uint2" : bytes == 4 ? "unsigned" : "unsigned short";
+    }
+    /// Word w of a raw vector variable of `bytes` bytes.
+    static std::string word(const std::string &var, uint32_t bytes, uint32_t w) {
+        if (bytes <= 4) return "(unsigned)" + var;
+        static const char *const kLanes[] = {".x", ".y", ".z", ".w"};
+        return var + kLanes[w];
+    }
+    /// Whether a vector of `width` elements of `space` `target` at index node `index` can move as
+    /// one access here (else: scalar accesses only).
+    bool vectorizable(Space space, uint32_t target, uint32_t index, uint32_t width) const {
+        if (glsl_ || space == Space::Var) return false;
+        const uint32_t bytes = width * reprBytes(repr(space, target));
+        if (bytes != 2 && bytes != 4 && bytes != 8 && bytes != 16) return false;
+        const Node &n = m_.nodes[index];
+        if (space != Space::Buffer && n.op == Op::Constant && n.imm + width > m_.arrays[target].length)
+            return false;
+        return true;
+    }
+    /// The condition under which the vector at index node `index` moves as one access.
+    std::string vectorFast(Space space, uint32_t target, uint32_t index, uint32_t width) {
+        const uint32_t bytes = width * reprBytes(repr(space, target));
+        const std::string i = ref(index);
+        std::string fast = "((unsigned long long)&" + memory(space, target) + "[" + i + "] & " +
+                           std::to_string(bytes - 1) + "ull) == 0ull && " + i + " <= " +
+                           std::to_string(0xffffffffu - (width - 1)) + "u";
+        if (m_.options.checked) {
+            const std::string length = space == Space::Buffer ? "(unsigned long long)s.len" + std::to_string(target)
+                                                              : std::to_string(m_.arrays[target].length) + "ull";
+            fast += " && (unsigned long long)" + i + " + " + std::to_string(width) + "ull <= " + length;
+        }
+        return fast;
+    }
+    /// A value of C type `r` from `bits` (an unsigned or unsigned long long expression).
+    static std::string fromBits(const std::string &r, const std::string &bits) {
+        if (r == "float") return "__uint_as_float(" + bits + ")";
+        if (r == "double") return "__longlong_as_double((long long)(" + bits + "))";
+        if (r == "unsigned") return bits;
+        return "(" + r + ")(" + bits + ")";
+    }
+    /// The bits of a value of C type `r` as an unsigned (or unsigned long long for 8 bytes).
+    static std::string toBits(const std::string &r, const std::string &value) {
+        if (r == "float") return "__float_as_uint(" + value + ")";
+        if (r == "double") return "(unsigned long long)__double_as_longlong(" + value + ")";
+        if (reprBytes(r) == 8) return "(unsigned long long)(" + value + ")";
+        if (reprBytes(r) == 4) return "(unsigned)(" + value + ")";
+        return "(unsigned)(" + std::string(reprBytes(r) == 2 ? "unsigned short" : "unsigned char") + ")(" + value + ")";
+    }
+    /// Part `part` of the raw vector `var` of elements of C type `r`, as an `r` value.
+    static std::string partOf(const std::string &var, const std::string &r, uint32_t width, uint32_t part) {
+        const uint32_t size = reprBytes(r), bytes = width * size;
+        if (size == 8)
+            return fromBits(r, "((unsigned long long)" + word(var, bytes, 2 * part + 1) + " << 32 | " +
+                                   word(var, bytes, 2 * part) + ")");
+        const uint32_t at = part * size;
+        std::string bits = word(var, bytes, at / 4);
+        if (size < 4) bits = "(" + bits + " >> " + std::to_string(8 * (at % 4)) + ")";
+        return fromBits(r, bits);
+    }
+
+    /// Prints the Let of part `n` of a vector load (CUDA / HIP); false when it loads as a
+    /// scalar.
+    bool vectorLoad(uint32_t id, const Node &n, const std::string &type) {
+        const uint32_t first = id - n.vectorPart, width = n.vectorWidth;
+        const Node &head = m_.nodes[first];
+        if (head.op != Op::Load || head.vectorWidth != width || head.vectorPart != 0 ||
+            head.space != n.space || head.imm != n.imm || !vectorizable(n.space, n.imm, head.a, width))
+            return false;
+        const std::string r = repr(n.space, n.imm);
+        const std::string var = "bp_v" + std::to_string(first), flag = "bp_f" + std::to_string(first);
+        if (n.vectorPart == 0) {
+            const std::string vt = vectorType(width * reprBytes(r));
+            line("const bool " + flag + " = " + vectorFast(n.space, n.imm, head.a, width) + ";");
+            line(vt + " " + var + "; if (" + flag + ") " + var + " = *(const " + vt + " *)&" +
+                 memory(n.space, n.imm) + "[" + ref(head.a) + "];");
+        }
+        std::string part = partOf(var, r, width, n.vectorPart);
+        if (!rawCopy_.count(id) && storedNarrow(n.space, n.imm)) part = fromStorage(n.type, part);
+        const std::string scalar = rawCopy_.count(id) ? rawElement(n) : expression(n);
+        line(type + " v" + std::to_string(id) + " = " + flag + " ? " + part + " : " + scalar + ";");
+        return true;
+    }
+
+    std::string rawElement(const Node &n) {
+        std::string element = indexed(n.space, n.imm, n.a);
+        const std::string range = inRange(n.space, n.imm, n.a);
+        if (!range.empty()) element = "(" + range + ") ? " + element + " : (unsigned short)0";
+        return element;
+    }
+
+    /// Prints the vector store whose part 0 is stmts[i] (CUDA / HIP) and returns how many
+    /// statements it covers; 0 when stmts[i] is not one (or stores as scalars).
+    size_t vectorStore(const std::vector<Stmt> &stmts, size_t i) {
+        const Stmt &s = stmts[i];
+        if (s.kind != StmtKind::Store || s.vectorWidth == 0 || s.vectorPart != 0) return 0;
+        const uint32_t width = s.vectorWidth;
+        if (i + width > stmts.size() || !vectorizable(s.space, s.target, s.index, width)) return 0;
+        for (uint32_t p = 1; p < width; ++p) {
+            const Stmt &t = stmts[i + p];
+            if (t.kind != StmtKind::Store || t.vectorWidth != width || t.vectorPart != p ||
+                t.space != s.space || t.target != s.target)
+                return 0;
+        }
+        const std::string r = repr(s.space, s.target);
+        const uint32_t size = reprBytes(r), bytes = width * size;
+        const Type type = s.space == Space::Buffer ? m_.bindings[s.target].type : m_.arrays[s.target].type;
+        std::vector<std::string> bits;
+        for (uint32_t p = 0; p < width; ++p) {
+            const uint32_t value = stmts[i + p].value;
+            std::string v = rawCopy_.count(value) ? ref(value)
+                            : storedNarrow(s.space, s.target) ? toStorage(type, ref(value))
+                                                               : ref(value);
+            bits.push_back(toBits(r, v));
+        }
+        std::vector<std::string> words;
+        if (size == 8) {
+            for (const std::string &b : bits) {
+                words.push_back("(unsigned)(" + b + ")");
+                words.push_back("(unsigned)((" + b + ") >> 32)");
+            }
+        } else {
+            const uint32_t per = 4 / size;
+            for (uint32_t w = 0; w * per < width; ++w) {
+                std::string packed;
+                for (uint32_t k = 0; k < per && w * per + k < width; ++k)
+                    packed += (k ? " | " : "") + ("(" + bits[w * per + k] + ")") +
+                              (k ? " << " + std::to_string(8 * size * k) : "");
+                words.push_back(packed);
+            }
+        }
+        std::string value;
+        if (bytes == 16) value = "make_uint4(" + words[0] + ", " + words[1] + ", " + words[2] + ", " + words[3] + ")";
+        else if (bytes == 8) value = "make_uint2(" + words[0] + ", " + words[1] + ")";
+        else if (bytes == 4) value = words[0];
+        else value = "(unsigned short)(" + words[0] + ")";
+        line("if (" + vectorFast(s.space, s.target, s.index, width) + ") {");
+        ++depth_;
+        line("*(" + vectorType(bytes) + " *)&" + memory(s.space, s.target) + "[" + ref(s.index) + "] = " + value + ";");
+        --depth_;
+        line("} else {");
+        ++depth_;
+        for (uint32_t p = 0; p < width; ++p) statement(stmts[i + p]);
+        --depth_;
+        line("}");
+        return width;
     }
 
     void nested(uint32_t b) {
@@ -525,6 +758,14 @@ private:
         switch (s.kind) {
         case StmtKind::Let: {
             const Node &n = m_.nodes[s.node];
+            if (n.op == Op::Load && n.vectorWidth > 0 && !glsl_ &&
+                vectorLoad(s.node, n, rawCopy_.count(s.node) ? "unsigned short" : typeName(n.type)))
+                break;
+            if (rawCopy_.count(s.node)) {
+                // A 16-bit float moved between 16-bit memories: its bits, no conversion.
+                line("unsigned short v" + std::to_string(s.node) + " = " + rawElement(n) + ";");
+                break;
+            }
             // GLSL: `precise` keeps a*b+c two roundings (SPIR-V NoContraction) and fma() fused.
             const std::string qualifier = glsl_ && isFloat(n.type) ? "precise " : "";
             line(qualifier + typeName(n.type) + " v" + std::to_string(s.node) + " = " + expression(n) + ";");
@@ -540,8 +781,12 @@ private:
                                             ? memory(s.space, s.target)
                                             : indexed(s.space, s.target, s.index);
             const std::string stored =
-                s.space == Space::Buffer ? toStorage(m_.bindings[s.target].type, ref(s.value))
-                                         : ref(s.value);
+                rawCopy_.count(s.value) ? ref(s.value)
+                : storedNarrow(s.space, s.target)
+                    ? toStorage(s.space == Space::Buffer ? m_.bindings[s.target].type : m_.arrays[s.target].type,
+                                ref(s.value))
+                : glslHalfArray(s.space, s.target) ? "float16_t(" + ref(s.value) + ")"
+                                                   : ref(s.value);
             const std::string range = s.space == Space::Var ? "" : inRange(s.space, s.target, s.index);
             line((range.empty() ? "" : "if (" + range + ") ") + element + " = " + stored + ";");
             break;
@@ -582,7 +827,244 @@ private:
             line(glsl_ ? "memoryBarrierShared();" : "__syncthreads();");
             if (glsl_) line("barrier();");
             break;
+        case StmtKind::MatrixFill:
+        case StmtKind::MatrixLoad:
+        case StmtKind::MatrixStore:
+        case StmtKind::MatrixMma: matrixStatement(s); break;
         }
+    }
+
+    // -- matrix units ----------------------------------------------------------------------------
+    //
+    // CUDA: PTX mma.sync (m16n8k16 for f16 / bf16, m16n8k8 for tf32), two per 16x16 tile, with
+    // the fragment layouts of the PTX ISA ("Matrix fragments for mma.m16n8k16"): lane l holds,
+    // with g = l / 4 and t = l % 4, A elements (g or g + 8, 2t + {0, 1} or + 8), B elements
+    // (2t + {0, 1} or + 8, g) per 8-column half, accumulator elements (g or g + 8, 2t + {0, 1})
+    // per half. Shared 16-bit tiles load with ldmatrix when offset and stride are multiples of 8.
+    // No header is needed (NVRTC has none on a machine without the toolkit).
+    // GLSL: GL_NV_cooperative_matrix (f16 only: the extension has no bf16 or tf32).
+    // HIP: not lowered (the HIP plugin reports no matrix shapes); an #error names it.
+
+    std::string mref(uint32_t f) const { return "m" + std::to_string(f); }
+
+    static bool tf32(const MatrixDecl &d) { return d.type == Type::F32 && d.use != MatrixUse::Accumulator; }
+
+    static std::string coopType(const MatrixDecl &d) {
+        const std::string bits = d.use == MatrixUse::Accumulator ? "32" : "16";
+        return "fcoopmatNV<" + bits + ", gl_ScopeSubgroup, " + std::to_string(d.rows()) + ", " +
+               std::to_string(d.cols()) + ">";
+    }
+
+    void declareMatrix(uint32_t f) {
+        const MatrixDecl &d = m_.matrices[f];
+        if (glsl_) {
+            if (d.type == Type::BF16)
+                refusals_.insert("bf16 matrices: GL_NV_cooperative_matrix has no bf16 (the device "
+                                 "reports no bf16 matrix shape); use f16 on Vulkan");
+            else if (tf32(d))
+                refusals_.insert("f32 (tf32) matrix inputs: GL_NV_cooperative_matrix has none; use "
+                                 "f16 on Vulkan");
+            else line(coopType(d) + " " + mref(f) + ";");
+            return;
+        }
+        if (hip_) {
+            refusals_.insert("matrix units are not lowered for HIP (the HIP plugin reports no "
+                             "matrix shapes)");
+            return;
+        }
+        line(std::string(d.use == MatrixUse::Accumulator ? "float " : "unsigned ") + mref(f) + "[" +
+             (d.use == MatrixUse::Accumulator ? "8" : "4") + "];");
+    }
+
+    /// The memory a matrix statement reads or writes (GLSL: f16 buffers through their alias).
+    static std::string matrixMemory(const Stmt &s, bool halfAlias) {
+        if (s.space == Space::Buffer) return "b" + std::to_string(s.target) + (halfAlias ? "h" : "");
+        return "a" + std::to_string(s.target);
+    }
+
+    void matrixStatement(const Stmt &s) {
+        if (hip_) return; // refused in the header
+        const MatrixDecl &d = m_.matrices[s.matrix];
+        const MatrixDecl &input = s.kind == StmtKind::MatrixMma ? m_.matrices[s.operands[0]] : d;
+        if (glsl_ && (input.type == Type::BF16 || tf32(input))) return; // refused in the header
+        if (s.kind == StmtKind::MatrixMma) return mmaStatement(s);
+        if (s.kind == StmtKind::MatrixFill) return fillStatement(s.matrix, ref(s.value));
+        const bool store = s.kind == StmtKind::MatrixStore;
+        const bool col = s.layout == Layout::ColMajor;
+        line("{");
+        ++depth_;
+        const std::string u = glsl_ ? "uint" : "unsigned";
+        line(u + " bp_o = " + ref(s.index) + ", bp_s = " + ref(s.value) + ";");
+        bool closeCheck = false;
+        if (m_.options.checked) {
+            // The last element the fragment touches, in 64 bits: past the memory, a load gives
+            // zeros and a store writes nothing.
+            const uint32_t outer = col ? d.cols() : d.rows(), inner = col ? d.rows() : d.cols();
+            const std::string length =
+                s.space == Space::Buffer ? "s.len" + std::to_string(s.target)
+                                         : std::to_string(m_.arrays[s.target].length) + "u";
+            std::string last, limit;
+            if (glsl_) {
+                mentionInt64_ = true;
+                last = "uint64_t(bp_o) + uint64_t(" + std::to_string(outer - 1) + "u) * uint64_t(bp_s) + " +
+                       std::to_string(inner - 1) + "ul";
+                limit = "uint64_t(" + length + ")";
+            } else {
+                last = "(unsigned long long)bp_o + " + std::to_string(outer - 1) + "ull * bp_s + " +
+                       std::to_string(inner - 1) + "ull";
+                limit = "(unsigned long long)" + length;
+            }
+            line("if (" + last + " < " + limit + ") {");
+            ++depth_;
+            closeCheck = true;
+        }
+        if (glsl_) {
+            const bool alias = s.space == Space::Buffer && d.type == Type::F16;
+            if (alias) halfAliases_.insert(s.target);
+            line(std::string(store ? "coopMatStoreNV(" : "coopMatLoadNV(") + mref(s.matrix) + ", " +
+                 matrixMemory(s, alias) + ", bp_o, bp_s, " + (col ? "true" : "false") + ");");
+        } else {
+            cudaMatrixMemory(s, d, store);
+        }
+        if (closeCheck) {
+            --depth_;
+            if (store) {
+                line("}");
+            } else {
+                line("} else {");
+                ++depth_;
+                fillStatement(s.matrix, glsl_ ? "0.0" : "0.0f");
+                --depth_;
+                line("}");
+            }
+        }
+        --depth_;
+        line("}");
+    }
+
+    void fillStatement(uint32_t f, const std::string &value) {
+        const MatrixDecl &d = m_.matrices[f];
+        if (glsl_) {
+            const std::string v = d.type == Type::F16 ? "float16_t(" + value + ")" : value;
+            line(mref(f) + " = " + coopType(d) + "(" + v + ");");
+            return;
+        }
+        if (d.use == MatrixUse::Accumulator) {
+            line("#pragma unroll");
+            line("for (int bp_e = 0; bp_e < 8; ++bp_e) " + mref(f) + "[bp_e] = " + value + ";");
+        } else if (tf32(d)) {
+            helpers_.insert("bp_tf32");
+            line("#pragma unroll");
+            line("for (int bp_e = 0; bp_e < 4; ++bp_e) " + mref(f) + "[bp_e] = bp_tf32(" + value + ");");
+        } else {
+            const std::string bits = toStorage(d.type, value);
+            line("{ unsigned bp_h = (unsigned)" + bits + "; for (int bp_e = 0; bp_e < 4; ++bp_e) " + mref(f) +
+                 "[bp_e] = bp_h | (bp_h << 16); }");
+        }
+    }
+
+    /// Element (row r, column c) of the matrix at bp_o with stride bp_s, as an index.
+    static std::string at(bool col, const std::string &r, const std::string &c) {
+        return col ? "bp_o + (" + c + ") * bp_s + (" + r + ")" : "bp_o + (" + r + ") * bp_s + (" + c + ")";
+    }
+
+    void cudaMatrixMemory(const Stmt &s, const MatrixDecl &d, bool store) {
+        const bool col = s.layout == Layout::ColMajor;
+        const std::string p = matrixMemory(s, false), f = mref(s.matrix);
+        helpers_.insert("bp_lane");
+        line("unsigned bp_l = bp_lane(), bp_g = bp_l >> 2, bp_t = bp_l & 3u;");
+        if (d.use == MatrixUse::Accumulator) {
+            line("#pragma unroll");
+            line("for (unsigned bp_e = 0; bp_e < 8u; ++bp_e) {");
+            ++depth_;
+            line("unsigned bp_r = bp_g + ((bp_e >> 1) & 1u) * 8u, bp_c = (bp_e >> 2) * 8u + bp_t * 2u + (bp_e & 1u);");
+            if (store) line(p + "[" + at(col, "bp_r", "bp_c") + "] = " + f + "[bp_e];");
+            else line(f + "[bp_e] = " + p + "[" + at(col, "bp_r", "bp_c") + "];");
+            --depth_;
+            line("}");
+            return;
+        }
+        if (tf32(d)) {
+            helpers_.insert("bp_tf32");
+            line("#pragma unroll");
+            line("for (unsigned bp_e = 0; bp_e < 4u; ++bp_e) {");
+            ++depth_;
+            if (d.use == MatrixUse::A)
+                line("unsigned bp_r = bp_g + (bp_e & 1u) * 8u, bp_c = bp_t + (bp_e >> 1) * 4u;");
+            else
+                line("unsigned bp_r = bp_t + (bp_e & 1u) * 4u, bp_c = bp_g + (bp_e >> 1) * 8u;");
+            line(f + "[bp_e] = bp_tf32(" + p + "[" + at(col, "bp_r", "bp_c") + "]);");
+            --depth_;
+            line("}");
+            return;
+        }
+        // 16-bit inputs: ldmatrix from shared memory when every row address is 16-byte aligned.
+        const bool shared = s.space == Space::Shared;
+        if (shared) {
+            helpers_.insert("bp_smem");
+            // A row-major and B column-major lie as the fragment wants them; the other two are
+            // loaded transposed.
+            const bool a = d.use == MatrixUse::A;
+            const bool trans = a ? col : !col;
+            line("if (((bp_o | bp_s) & 7u) == 0u) {");
+            ++depth_;
+            line("unsigned bp_i = bp_l >> 3, bp_q = bp_l & 7u;");
+            // The element (row, column of the fragment) whose stored row this lane points at:
+            // one of the 8 rows of one of the four 8x8 pieces, in register order.
+            std::string r, c;
+            if (a && !col) { r = "bp_q + (bp_i & 1u) * 8u"; c = "(bp_i >> 1) * 8u"; }
+            else if (a) { r = "(bp_i & 1u) * 8u"; c = "bp_q + (bp_i >> 1) * 8u"; }
+            else if (!col) { r = "bp_q + (bp_i & 1u) * 8u"; c = "(bp_i >> 1) * 8u"; }
+            else { r = "(bp_i & 1u) * 8u"; c = "bp_q + (bp_i >> 1) * 8u"; }
+            line("asm volatile(\"ldmatrix.sync.aligned.m8n8.x4" + std::string(trans ? ".trans" : "") +
+                 ".shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(" + f + "[0]), \"=r\"(" + f + "[1]), \"=r\"(" + f +
+                 "[2]), \"=r\"(" + f + "[3]) : \"r\"(bp_smem(&" + p + "[" + at(col, r, c) + "])));");
+            --depth_;
+            line("} else {");
+            ++depth_;
+        }
+        line("#pragma unroll");
+        line("for (unsigned bp_e = 0; bp_e < 4u; ++bp_e) {");
+        ++depth_;
+        // The two elements of register bp_e: (r, c) and the next column (A) or row (B).
+        if (d.use == MatrixUse::A) {
+            line("unsigned bp_r = bp_g + (bp_e & 1u) * 8u, bp_c = bp_t * 2u + (bp_e >> 1) * 8u;");
+            line("unsigned bp_lo = " + p + "[" + at(col, "bp_r", "bp_c") + "], bp_hi = " + p + "[" +
+                 at(col, "bp_r", "bp_c + 1u") + "];");
+        } else {
+            line("unsigned bp_r = bp_t * 2u + (bp_e & 1u) * 8u, bp_c = bp_g + (bp_e >> 1) * 8u;");
+            line("unsigned bp_lo = " + p + "[" + at(col, "bp_r", "bp_c") + "], bp_hi = " + p + "[" +
+                 at(col, "bp_r + 1u", "bp_c") + "];");
+        }
+        line(f + "[bp_e] = bp_lo | (bp_hi << 16);");
+        --depth_;
+        line("}");
+        if (shared) {
+            --depth_;
+            line("}");
+        }
+    }
+
+    void mmaStatement(const Stmt &s) {
+        const MatrixDecl &a = m_.matrices[s.operands[0]];
+        const std::string d = mref(s.matrix), ma = mref(s.operands[0]), mb = mref(s.operands[1]),
+                          c = mref(s.operands[2]);
+        if (glsl_) {
+            line(d + " = coopMatMulAddNV(" + ma + ", " + mb + ", " + c + ");");
+            return;
+        }
+        const std::string kind = tf32(a)                 ? "m16n8k8.row.col.f32.tf32.tf32.f32"
+                                 : a.type == Type::BF16 ? "m16n8k16.row.col.f32.bf16.bf16.f32"
+                                                        : "m16n8k16.row.col.f32.f16.f16.f32";
+        const auto e = [](const std::string &m, int i) { return m + "[" + std::to_string(i) + "]"; };
+        for (int h = 0; h < 2; ++h)
+            line("asm volatile(\"mma.sync.aligned." + kind +
+                 " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\" : \"=f\"(" +
+                 e(d, 4 * h) + "), \"=f\"(" + e(d, 4 * h + 1) + "), \"=f\"(" + e(d, 4 * h + 2) + "), \"=f\"(" +
+                 e(d, 4 * h + 3) + ") : \"r\"(" + e(ma, 0) + "), \"r\"(" + e(ma, 1) + "), \"r\"(" + e(ma, 2) +
+                 "), \"r\"(" + e(ma, 3) + "), \"r\"(" + e(mb, 2 * h) + "), \"r\"(" + e(mb, 2 * h + 1) +
+                 "), \"f\"(" + e(c, 4 * h) + "), \"f\"(" + e(c, 4 * h + 1) + "), \"f\"(" + e(c, 4 * h + 2) +
+                 "), \"f\"(" + e(c, 4 * h + 3) + "));");
     }
 
     // -- the frame around the body ---------------------------------------------------------------
@@ -620,15 +1102,20 @@ private:
                 const char *access = d.access == Access::Read ? "readonly " : d.access == Access::Write ? "writeonly " : "";
                 h += "layout(set = 0, binding = " + std::to_string(b) + ", std430) " + access + "buffer B" +
                      std::to_string(b) + " { " + storageName(d.type) + " b" + std::to_string(b) + "[]; };\n";
+                // The same binding seen as float16_t, for the matrix units (aliased descriptors).
+                if (halfAliases_.count(b))
+                    h += "layout(set = 0, binding = " + std::to_string(b) + ", std430) " + access + "buffer B" +
+                         std::to_string(b) + "h { float16_t b" + std::to_string(b) + "h[]; };\n";
             }
             if (m_.scalarStructBytes() > 0)
                 h += "layout(push_constant, std430) uniform Scalars {" + scalarStruct() + " } s;\n";
             for (uint32_t a = 0; a < m_.arrays.size(); ++a)
                 if (m_.arrays[a].space == Space::Shared)
-                    h += "shared " + typeName(m_.arrays[a].type) + " a" + std::to_string(a) + "[" +
+                    h += "shared " + arrayType(a) + " a" + std::to_string(a) + "[" +
                          std::to_string(m_.arrays[a].length) + "];\n";
-        } else if (m_.scalarStructBytes() > 0) {
-            h += "struct bp_scalars {" + scalarStruct() + " };\n";
+        } else {
+            for (const std::string &why : refusals_) h += "#error " + why + "\n";
+            if (m_.scalarStructBytes() > 0) h += "struct bp_scalars {" + scalarStruct() + " };\n";
         }
         return h + helperText();
     }
@@ -666,7 +1153,18 @@ private:
                 atomicF = atomicF || n.type == Type::F32;
             }
         }
+        bool matrices = false, half = false;
+        for (const MatrixDecl &d : m_.matrices) {
+            matrices = true;
+            half = half || d.type == Type::F16;
+        }
+        int64 = int64 || mentionInt64_;
+        storage16 = storage16 || half;
         std::string h;
+        if (matrices)
+            h += "#extension GL_NV_cooperative_matrix : require\n"
+                 "#extension GL_KHR_memory_scope_semantics : require\n";
+        if (half) h += "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n";
         if (storage8) h += "#extension GL_EXT_shader_8bit_storage : require\n";
         if (storage16) h += "#extension GL_EXT_shader_16bit_storage : require\n";
         if (int64) h += "#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require\n";
@@ -684,6 +1182,11 @@ private:
             if (helpers_.count(name)) text += fn + definition + "\n";
         };
         add("bp_index", u + " bp_index(" + u + " i) { return i; }");
+        add("bp_lane", "unsigned bp_lane() { unsigned l; asm(\"mov.u32 %0, %%laneid;\" : \"=r\"(l)); return l; }");
+        add("bp_smem", "unsigned bp_smem(const void *p) { unsigned a; asm(\"{ .reg .u64 g; cvta.to.shared.u64 g, %1; "
+                       "cvt.u32.u64 %0, g; }\" : \"=r\"(a) : \"l\"(p)); return a; }");
+        add("bp_tf32", "unsigned bp_tf32(float f) { unsigned t; asm(\"cvt.rna.tf32.f32 %0, %1;\" : \"=r\"(t) : \"f\"(f)); "
+                       "return t; }");
         add("bp_div_i32", "int bp_div_i32(int a, int b) { return b == 0 ? 0 : b == -1 ? int(0u - " + u +
                               "(a)) : a / b; }");
         add("bp_rem_i32", "int bp_rem_i32(int a, int b) { return b == 0 || b == -1 ? 0 : a - b * (a / b); }");
@@ -786,6 +1289,11 @@ private:
     /// What GLSL cannot express, each printed as an #error line (the Vulkan compile then fails
     /// naming it).
     std::set<std::string> refusals_;
+    /// f16 bindings the matrix units read through a float16_t alias (GLSL).
+    std::set<uint32_t> halfAliases_;
+    std::set<uint32_t> rawCopy_;
+    bool halfMatrices_ = false;
+    bool mentionInt64_ = false;
 };
 
 const char *atomicName(AtomicOp op) {
@@ -821,7 +1329,14 @@ std::string listModule(const Module &m) {
     for (uint32_t s = 0; s < m.scalars.size(); ++s) out << "  scalar " << s << ": " << toString(m.scalars[s]) << "\n";
     for (uint32_t a = 0; a < m.arrays.size(); ++a)
         out << "  array a" << a << ": " << (m.arrays[a].space == Space::Shared ? "shared " : "private ")
-            << toString(m.arrays[a].type) << "[" << m.arrays[a].length << "]\n";
+            << toString(m.arrays[a].type) << "[" << m.arrays[a].length << "]"
+            << (m.matrixBacked(a) ? " (matrix)" : "") << "\n";
+    for (uint32_t f = 0; f < m.matrices.size(); ++f) {
+        const MatrixDecl &d = m.matrices[f];
+        out << "  matrix m" << f << ": "
+            << (d.use == MatrixUse::A ? "a " : d.use == MatrixUse::B ? "b " : "accumulator ")
+            << toString(d.type) << " " << d.m << "x" << d.n << "x" << d.k << "\n";
+    }
     std::function<void(uint32_t, int)> list = [&](uint32_t block, int depth) {
         const std::string pad(2 * depth, ' ');
         auto operand = [&](uint32_t id) {
@@ -874,6 +1389,17 @@ std::string listModule(const Module &m) {
                 out << pad << (s.jump == Jump::Break ? "break" : s.jump == Jump::Continue ? "continue" : "return") << "\n";
                 break;
             case StmtKind::Barrier: out << pad << "barrier\n"; break;
+            case StmtKind::MatrixFill: out << pad << "fill m" << s.matrix << " = " << operand(s.value) << "\n"; break;
+            case StmtKind::MatrixLoad:
+            case StmtKind::MatrixStore:
+                out << pad << (s.kind == StmtKind::MatrixLoad ? "load m" : "store m") << s.matrix << " "
+                    << (s.space == Space::Buffer ? "b" : "shared a") << s.target << " at " << operand(s.index)
+                    << " stride " << operand(s.value) << (s.layout == Layout::ColMajor ? " col" : " row") << "\n";
+                break;
+            case StmtKind::MatrixMma:
+                out << pad << "mma m" << s.matrix << " = m" << s.operands[0] << " * m" << s.operands[1] << " + m"
+                    << s.operands[2] << "\n";
+                break;
             }
         }
     };

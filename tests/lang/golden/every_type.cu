@@ -17,8 +17,8 @@ __device__ __forceinline__ float bp_b2f(unsigned b) { return __uint_as_float(b <
 __device__ __forceinline__ unsigned bp_f2b(float f) { unsigned x = __float_as_uint(f); if ((x & 0x7fffffffu) > 0x7f800000u) return ((x >> 16) | 0x40u) & 0xffffu; return ((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) & 0xffffu; }
 __device__ __forceinline__ float bp_rb(float f) { return bp_b2f(bp_f2b(f)); }
 extern "C" __global__ void every_type(signed char *b0, unsigned char *b1, short *b2, unsigned short *b3, long long *b4, unsigned long long *b5, unsigned short *b6, unsigned short *b7, double *b8, float *b9, bp_scalars s) {
-    int a1[4];
-    __shared__ float a0[64];
+    __align__(16) int a1[4];
+    __shared__ __align__(16) float a0[64];
     bool v6 = (blockIdx.x * blockDim.x + threadIdx.x) < s.s2;
     if (v6) {
         int v7 = ((blockIdx.x * blockDim.x + threadIdx.x) < s.len0) ? (int)b0[(blockIdx.x * blockDim.x + threadIdx.x)] : 0;

@@ -3,9 +3,9 @@ struct bp_scalars { unsigned s0; unsigned s1; unsigned s2; };
 __device__ __forceinline__ unsigned bp_div_u32(unsigned a, unsigned b) { return b == 0u ? 0u : a / b; }
 __device__ __forceinline__ unsigned bp_rem_u32(unsigned a, unsigned b) { return b == 0u ? 0u : a % b; }
 extern "C" __global__ void matmul_t32_w2_k8(const float *b0, const float *b1, float *b2, bp_scalars s) {
-    float a2[4];
-    __shared__ float a0[256];
-    __shared__ float a1[256];
+    __align__(16) float a2[4];
+    __shared__ __align__(16) float a0[256];
+    __shared__ __align__(16) float a1[256];
     unsigned v13 = blockIdx.y * 32u;
     unsigned v18 = blockIdx.x * 32u;
     unsigned v20 = threadIdx.y * 16u;
