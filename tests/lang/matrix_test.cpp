@@ -247,6 +247,11 @@ TEST_CASE("matmul on the matrix units: odd sizes, several tile sets, every input
     checkMatmul<lang::f16>(wide, 70, 33, 41);
     checkMatmul<float>(small, 35, 18, 29);
     checkMatmul<lang::bf16>(kernels::MatrixMatmulTiles{}, 130, 131, 40);
+    // Shapes whose blocks are (partly) wholly inside C with K a whole number of steps: the
+    // pipelined path on 32-wide subgroups, the general one elsewhere (and on the host).
+    checkMatmul<lang::bf16>(small, 64, 64, 48);
+    checkMatmul<lang::f16>({64, 64, 32, 2, 2}, 128, 96, 64);
+    checkMatmul<float>({32, 32, 16, 1, 2, 4}, 64, 80, 32);
 }
 
 TEST_CASE("checked matrix loads past the memory load zeros and stores write nothing") {

@@ -227,8 +227,8 @@ template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) 
         auto m = k.scalar<uint32_t>();
         auto n = k.scalar<uint32_t>();
         auto kk = k.scalar<uint32_t>();
-        auto tileA = k.shared<T>(bm * strideA);
-        auto tileB = k.shared<T>(bk * strideB);
+        auto tileA = k.shared<T>(2 * bm * strideA); // two halves: double-buffered
+        auto tileB = k.shared<T>(2 * bk * strideB);
         auto out = k.shared<float>(tiles.subgroups() * 256);
         auto tid = k.localIndex();
         auto threads = k.groupSize().x;
@@ -250,48 +250,104 @@ template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) 
         for (uint32_t i = 0; i < fm; ++i) fa.push_back(k.matrixA<T>(tile));
         for (uint32_t j = 0; j < fn; ++j) fb.push_back(k.matrixB<T>(tile));
 
-        k.For(0u, kk, bk, [&](Value<uint32_t> k0) {
-            // rows x cols of `src` (row length `length`, `limitRows` rows) from (r0, c0) into
-            // `dst` (row stride `stride`): a vector copy where a whole vector is inside (16-bit
-            // types move as bits on CUDA), element copies with zeros past the edges.
-            auto stage = [&]<uint32_t V>(lang::Array<T> dst, uint32_t stride, lang::Binding<T> src,
-                                         uint32_t rows, uint32_t cols, Value<uint32_t> r0,
-                                         Value<uint32_t> c0, Value<uint32_t> limitRows,
-                                         Value<uint32_t> length) {
-                k.For(tid, rows * (cols / V), threads, [&](Value<uint32_t> e) {
-                    auto r = e / (cols / V);
-                    auto col = e % (cols / V) * V;
-                    auto at = r * stride + col;
-                    auto from = (r0 + r) * length + c0 + col;
-                    k.If(r0 + r < limitRows && c0 + col + V <= length,
-                         [&] { storeVector(dst, at, lang::loadVector<V>(src, from)); })
-                        .Else([&] {
-                            for (uint32_t q = 0; q < V; ++q)
-                                k.If(r0 + r < limitRows && c0 + col + q < length,
-                                     [&] { dst[at + q] = src[from + q]; })
-                                    .Else([&] { dst[at + q] = T(0.0f); });
-                        });
-                });
-            };
-            const auto stageBoth = [&]<uint32_t V>() {
-                stage.template operator()<V>(tileA, strideA, a, bm, bk, row0, k0, m, kk);
-                stage.template operator()<V>(tileB, strideB, b, bk, bn, k0, col0, kk, n);
-            };
-            if (tiles.vector == 8) stageBoth.template operator()<(sizeof(T) <= 2 ? 8 : 4)>();
-            else if (tiles.vector == 4) stageBoth.template operator()<4>();
-            else stageBoth.template operator()<2>();
-            k.barrier();
+        // The fragments of the K step at `step` of the tiles at offsets offA / offB.
+        const auto multiply = [&](Value<uint32_t> offA, Value<uint32_t> offB) {
             for (uint32_t step = 0; step < bk; step += tile.k) {
                 for (uint32_t i = 0; i < fm; ++i)
-                    fa[i].load(tileA, (warpRow + i * 16) * strideA + step, strideA);
+                    fa[i].load(tileA, offA + (warpRow + i * 16) * strideA + step, strideA);
                 for (uint32_t j = 0; j < fn; ++j)
-                    fb[j].load(tileB, warpCol + j * 16 + step * strideB, strideB);
+                    fb[j].load(tileB, offB + warpCol + j * 16 + step * strideB, strideB);
                 for (uint32_t i = 0; i < fm; ++i)
                     for (uint32_t j = 0; j < fn; ++j)
                         mma(acc[i * fn + j], fa[i], fb[j], acc[i * fn + j]);
             }
+        };
+        const auto general = [&]<uint32_t V>() {
+            k.For(0u, kk, bk, [&](Value<uint32_t> k0) {
+                // rows x cols of `src` (row length `length`, `limitRows` rows) from (r0, c0)
+                // into `dst` (row stride `stride`): a vector copy where a whole vector is
+                // inside (16-bit types move as bits on CUDA), element copies with zeros past
+                // the edges.
+                auto stage = [&](lang::Array<T> dst, uint32_t stride, lang::Binding<T> src,
+                                 uint32_t rows, uint32_t cols, Value<uint32_t> r0,
+                                 Value<uint32_t> c0, Value<uint32_t> limitRows,
+                                 Value<uint32_t> length) {
+                    k.For(tid, rows * (cols / V), threads, [&](Value<uint32_t> e) {
+                        auto r = e / (cols / V);
+                        auto col = e % (cols / V) * V;
+                        auto at = r * stride + col;
+                        auto from = (r0 + r) * length + c0 + col;
+                        k.If(r0 + r < limitRows && c0 + col + V <= length,
+                             [&] { storeVector(dst, at, lang::loadVector<V>(src, from)); })
+                            .Else([&] {
+                                for (uint32_t q = 0; q < V; ++q)
+                                    k.If(r0 + r < limitRows && c0 + col + q < length,
+                                         [&] { dst[at + q] = src[from + q]; })
+                                        .Else([&] { dst[at + q] = T(0.0f); });
+                            });
+                    });
+                };
+                stage(tileA, strideA, a, bm, bk, row0, k0, m, kk);
+                stage(tileB, strideB, b, bk, bn, k0, col0, kk, n);
+                k.barrier();
+                multiply(0u, 0u);
+                k.barrier();
+            });
+        };
+        // Blocks wholly inside C with K a whole number of steps, on 32-wide subgroups: no edge
+        // checks, and the next step's tiles load into registers while this step multiplies,
+        // into the other half of double-buffered shared tiles (one barrier per step).
+        const auto pipelined = [&]<uint32_t V>() {
+            const uint32_t lanes = tiles.subgroups() * 32;
+            const uint32_t sizeA = bm * strideA, sizeB = bk * strideB;
+            // Per thread: its vectors of a rows x cols tile, as (row, column) pairs.
+            const auto copies = [&](uint32_t rows, uint32_t cols) {
+                std::vector<std::pair<Value<uint32_t>, Value<uint32_t>>> mine;
+                for (uint32_t first = 0; first < rows * (cols / V); first += lanes) {
+                    auto e = tid + first;
+                    mine.push_back({e / (cols / V), e % (cols / V) * V});
+                }
+                return mine;
+            };
+            const auto copiesA = copies(bm, bk), copiesB = copies(bk, bn);
+            const auto fetch = [&](Value<uint32_t> k0) {
+                std::vector<lang::Vector<T, V>> got;
+                for (const auto &[r, col] : copiesA)
+                    got.push_back(lang::loadVector<V>(a, (row0 + r) * kk + k0 + col));
+                for (const auto &[r, col] : copiesB)
+                    got.push_back(lang::loadVector<V>(b, (k0 + r) * n + col0 + col));
+                return got;
+            };
+            const auto put = [&](const std::vector<lang::Vector<T, V>> &got, Value<uint32_t> half) {
+                size_t g = 0;
+                for (const auto &[r, col] : copiesA)
+                    storeVector(tileA, half * sizeA + r * strideA + col, got[g++]);
+                for (const auto &[r, col] : copiesB)
+                    storeVector(tileB, half * sizeB + r * strideB + col, got[g++]);
+            };
+            put(fetch(0u), 0u);
             k.barrier();
-        });
+            k.For(0u, kk, bk, [&](Value<uint32_t> k0) {
+                auto half = k0 / bk % 2u;
+                // The last step fetches its own tiles again (unused): no branch.
+                auto next = fetch(lang::min(k0 + bk, kk - bk));
+                multiply(half * sizeA, half * sizeB);
+                put(next, 1u - half);
+                k.barrier();
+            });
+        };
+        const auto run = [&]<uint32_t V>() {
+            const bool canPipeline = (bm * (bk / V)) % (tiles.subgroups() * 32) == 0 &&
+                                     (bk * (bn / V)) % (tiles.subgroups() * 32) == 0;
+            if (!canPipeline) return general.template operator()<V>();
+            k.If(threads == tiles.subgroups() * 32 && row0 + bm <= m && col0 + bn <= n &&
+                     kk % bk == 0u && n % V == 0u && kk >= bk,
+                 [&] { pipelined.template operator()<V>(); })
+                .Else([&] { general.template operator()<V>(); });
+        };
+        if (tiles.vector == 8) run.template operator()<(sizeof(T) <= 2 ? 8 : 4)>();
+        else if (tiles.vector == 4) run.template operator()<4>();
+        else run.template operator()<2>();
         // Each accumulator through this subgroup's 16 x 16 of shared memory, clipped to C.
         for (uint32_t i = 0; i < fm; ++i)
             for (uint32_t j = 0; j < fn; ++j) {

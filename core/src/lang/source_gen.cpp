@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -104,6 +105,36 @@ private:
                 continue;
             if (uses[i] == 1 && storedBy[i] == static_cast<uint32_t>(n.type)) rawCopy_.insert(i);
         }
+        // Vector copies: part p of a vector load is the value of part p of a vector store, used
+        // nowhere else, the two memories lay elements out alike.
+        for (const Block &b : m_.blocks)
+            for (size_t i = 0; i < b.stmts.size(); ++i) {
+                const Stmt &st = b.stmts[i];
+                if (st.kind != StmtKind::Store || st.vectorWidth == 0 || st.vectorPart != 0) continue;
+                const uint32_t width = st.vectorWidth;
+                if (i + width > b.stmts.size() || st.value >= m_.nodes.size()) continue;
+                const uint32_t first = st.value;
+                const Node &head = m_.nodes[first];
+                if (head.op != Op::Load || head.vectorWidth != width || head.vectorPart != 0 ||
+                    repr(head.space, head.imm) != repr(st.space, st.target) ||
+                    !vectorizable(head.space, head.imm, head.a, width) ||
+                    !vectorizable(st.space, st.target, st.index, width))
+                    continue;
+                bool copy = true;
+                for (uint32_t p = 0; p < width && copy; ++p) {
+                    const Stmt &part = b.stmts[i + p];
+                    const uint32_t value = first + p;
+                    copy = part.kind == StmtKind::Store && part.vectorWidth == width &&
+                           part.vectorPart == p && part.value == value && value < m_.nodes.size() &&
+                           m_.nodes[value].op == Op::Load && m_.nodes[value].vectorPart == p &&
+                           m_.nodes[value].vectorWidth == width && uses[value] == 1;
+                }
+                if (!copy) continue;
+                vectorCopy_.insert(first);
+                const std::string r = repr(head.space, head.imm);
+                for (uint32_t p = 0; p < width; ++p)
+                    foldedPart_[first + p] = partOf("bp_v" + std::to_string(first), r, width, p);
+            }
     }
 
     /// The element type of shared array `a`: its value type, or (matrix-backed arrays) the
@@ -244,6 +275,7 @@ private:
 
     /// How a node is referred to where it is used.
     std::string ref(uint32_t id) {
+        if (const auto folded = foldedPart_.find(id); folded != foldedPart_.end()) return folded->second;
         const Node &n = m_.nodes[id];
         switch (n.op) {
         case Op::Constant: return literal(n.type, n.imm);
@@ -671,6 +703,26 @@ private:
             return false;
         const std::string r = repr(n.space, n.imm);
         const std::string var = "bp_v" + std::to_string(first), flag = "bp_f" + std::to_string(first);
+        if (vectorCopy_.count(first)) {
+            // The vector as one register; element loads (checked: zeros outside) where the
+            // access cannot be one.
+            if (n.vectorPart != 0) return true;
+            const uint32_t bytes = width * reprBytes(r);
+            const std::string vt = vectorType(bytes);
+            std::vector<std::string> bits;
+            for (uint32_t p = 0; p < width; ++p) {
+                const Node &part = m_.nodes[first + p];
+                std::string element = indexed(part.space, part.imm, part.a);
+                const std::string range = inRange(part.space, part.imm, part.a);
+                if (!range.empty()) element = "((" + range + ") ? " + element + " : (" + r + ")0)";
+                bits.push_back(toBits(r, element));
+            }
+            line(vt + " " + var + ";");
+            line("if (" + vectorFast(n.space, n.imm, head.a, width) + ") " + var + " = *(const " + vt +
+                 " *)&" + memory(n.space, n.imm) + "[" + ref(head.a) + "];");
+            line("else " + var + " = " + pack(r, width, bits) + ";");
+            return true;
+        }
         if (n.vectorPart == 0) {
             const std::string vt = vectorType(width * reprBytes(r));
             line("const bool " + flag + " = " + vectorFast(n.space, n.imm, head.a, width) + ";");
@@ -682,6 +734,31 @@ private:
         const std::string scalar = rawCopy_.count(id) ? rawElement(n) : expression(n);
         line(type + " v" + std::to_string(id) + " = " + flag + " ? " + part + " : " + scalar + ";");
         return true;
+    }
+
+    /// A raw vector of `width` elements of C type `r` from each element's bits.
+    static std::string pack(const std::string &r, uint32_t width, const std::vector<std::string> &bits) {
+        const uint32_t size = reprBytes(r), bytes = width * size;
+        std::vector<std::string> words;
+        if (size == 8) {
+            for (const std::string &b : bits) {
+                words.push_back("(unsigned)(" + b + ")");
+                words.push_back("(unsigned)((" + b + ") >> 32)");
+            }
+        } else {
+            const uint32_t per = 4 / size;
+            for (uint32_t w = 0; w * per < width; ++w) {
+                std::string packed;
+                for (uint32_t k = 0; k < per && w * per + k < width; ++k)
+                    packed += std::string(k ? " | " : "") + "(" + bits[w * per + k] + ")" +
+                              (k ? " << " + std::to_string(8 * size * k) : "");
+                words.push_back(packed);
+            }
+        }
+        if (bytes == 16) return "make_uint4(" + words[0] + ", " + words[1] + ", " + words[2] + ", " + words[3] + ")";
+        if (bytes == 8) return "make_uint2(" + words[0] + ", " + words[1] + ")";
+        if (bytes == 4) return words[0];
+        return "(unsigned short)(" + words[0] + ")";
     }
 
     std::string rawElement(const Node &n) {
@@ -715,27 +792,9 @@ private:
                                                                : ref(value);
             bits.push_back(toBits(r, v));
         }
-        std::vector<std::string> words;
-        if (size == 8) {
-            for (const std::string &b : bits) {
-                words.push_back("(unsigned)(" + b + ")");
-                words.push_back("(unsigned)((" + b + ") >> 32)");
-            }
-        } else {
-            const uint32_t per = 4 / size;
-            for (uint32_t w = 0; w * per < width; ++w) {
-                std::string packed;
-                for (uint32_t k = 0; k < per && w * per + k < width; ++k)
-                    packed += (k ? " | " : "") + ("(" + bits[w * per + k] + ")") +
-                              (k ? " << " + std::to_string(8 * size * k) : "");
-                words.push_back(packed);
-            }
-        }
-        std::string value;
-        if (bytes == 16) value = "make_uint4(" + words[0] + ", " + words[1] + ", " + words[2] + ", " + words[3] + ")";
-        else if (bytes == 8) value = "make_uint2(" + words[0] + ", " + words[1] + ")";
-        else if (bytes == 4) value = words[0];
-        else value = "(unsigned short)(" + words[0] + ")";
+        (void)bytes;
+        const uint32_t head = stmts[i].value;
+        const std::string value = vectorCopy_.count(head) ? "bp_v" + std::to_string(head) : pack(r, width, bits);
         line("if (" + vectorFast(s.space, s.target, s.index, width) + ") {");
         ++depth_;
         line("*(" + vectorType(bytes) + " *)&" + memory(s.space, s.target) + "[" + ref(s.index) + "] = " + value + ";");
@@ -1018,7 +1077,7 @@ private:
             else { r = "(bp_i & 1u) * 8u"; c = "bp_q + (bp_i >> 1) * 8u"; }
             line("asm volatile(\"ldmatrix.sync.aligned.m8n8.x4" + std::string(trans ? ".trans" : "") +
                  ".shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(" + f + "[0]), \"=r\"(" + f + "[1]), \"=r\"(" + f +
-                 "[2]), \"=r\"(" + f + "[3]) : \"r\"(bp_smem(&" + p + "[" + at(col, r, c) + "])));");
+                 "[2]), \"=r\"(" + f + "[3]) : \"r\"(bp_smem(&" + p + "[" + at(col, r, c) + "])) : \"memory\");");
             --depth_;
             line("} else {");
             ++depth_;
@@ -1058,7 +1117,7 @@ private:
                                                         : "m16n8k16.row.col.f32.f16.f16.f32";
         const auto e = [](const std::string &m, int i) { return m + "[" + std::to_string(i) + "]"; };
         for (int h = 0; h < 2; ++h)
-            line("asm volatile(\"mma.sync.aligned." + kind +
+            line("asm(\"mma.sync.aligned." + kind +
                  " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\" : \"=f\"(" +
                  e(d, 4 * h) + "), \"=f\"(" + e(d, 4 * h + 1) + "), \"=f\"(" + e(d, 4 * h + 2) + "), \"=f\"(" +
                  e(d, 4 * h + 3) + ") : \"r\"(" + e(ma, 0) + "), \"r\"(" + e(ma, 1) + "), \"r\"(" + e(ma, 2) +
@@ -1292,6 +1351,11 @@ private:
     /// f16 bindings the matrix units read through a float16_t alias (GLSL).
     std::set<uint32_t> halfAliases_;
     std::set<uint32_t> rawCopy_;
+    /// Vector copies (CUDA): part 0 of a vector load whose parts only feed one vector store
+    /// of the same layout; the parts are never printed, the vector moves as one register.
+    std::set<uint32_t> vectorCopy_;
+    /// Parts of those loads: the expression that takes each from the vector register.
+    std::map<uint32_t, std::string> foldedPart_;
     bool halfMatrices_ = false;
     bool mentionInt64_ = false;
 };

@@ -21,16 +21,9 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         unsigned v19 = i0 + 5u;
         unsigned v21 = i0 + 6u;
         unsigned v23 = i0 + 7u;
-        const bool bp_f24 = ((unsigned long long)&b0[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len0;
-        uint4 bp_v24; if (bp_f24) bp_v24 = *(const uint4 *)&b0[i0];
-        unsigned short v24 = bp_f24 ? (unsigned short)((bp_v24.x >> 0)) : (i0 < s.len0) ? b0[i0] : (unsigned short)0;
-        unsigned short v25 = bp_f24 ? (unsigned short)((bp_v24.x >> 16)) : (v11 < s.len0) ? b0[v11] : (unsigned short)0;
-        unsigned short v26 = bp_f24 ? (unsigned short)((bp_v24.y >> 0)) : (v13 < s.len0) ? b0[v13] : (unsigned short)0;
-        unsigned short v27 = bp_f24 ? (unsigned short)((bp_v24.y >> 16)) : (v15 < s.len0) ? b0[v15] : (unsigned short)0;
-        unsigned short v28 = bp_f24 ? (unsigned short)((bp_v24.z >> 0)) : (v17 < s.len0) ? b0[v17] : (unsigned short)0;
-        unsigned short v29 = bp_f24 ? (unsigned short)((bp_v24.z >> 16)) : (v19 < s.len0) ? b0[v19] : (unsigned short)0;
-        unsigned short v30 = bp_f24 ? (unsigned short)((bp_v24.w >> 0)) : (v21 < s.len0) ? b0[v21] : (unsigned short)0;
-        unsigned short v31 = bp_f24 ? (unsigned short)((bp_v24.w >> 16)) : (v23 < s.len0) ? b0[v23] : (unsigned short)0;
+        uint4 bp_v24;
+        if (((unsigned long long)&b0[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len0) bp_v24 = *(const uint4 *)&b0[i0];
+        else bp_v24 = make_uint4(((unsigned)(unsigned short)(((i0 < s.len0) ? b0[i0] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v11 < s.len0) ? b0[v11] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v13 < s.len0) ? b0[v13] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v15 < s.len0) ? b0[v15] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v17 < s.len0) ? b0[v17] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v19 < s.len0) ? b0[v19] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v21 < s.len0) ? b0[v21] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v23 < s.len0) ? b0[v23] : (unsigned short)0))) << 16);
         unsigned v33 = i0 + 1u;
         unsigned v35 = i0 + 2u;
         unsigned v37 = i0 + 3u;
@@ -39,16 +32,16 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         unsigned v43 = i0 + 6u;
         unsigned v45 = i0 + 7u;
         if (((unsigned long long)&a0[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= 512ull) {
-            *(uint4 *)&a0[i0] = make_uint4(((unsigned)(unsigned short)(v24)) | ((unsigned)(unsigned short)(v25)) << 16, ((unsigned)(unsigned short)(v26)) | ((unsigned)(unsigned short)(v27)) << 16, ((unsigned)(unsigned short)(v28)) | ((unsigned)(unsigned short)(v29)) << 16, ((unsigned)(unsigned short)(v30)) | ((unsigned)(unsigned short)(v31)) << 16);
+            *(uint4 *)&a0[i0] = bp_v24;
         } else {
-            if (i0 < 512u) a0[i0] = v24;
-            if (v33 < 512u) a0[v33] = v25;
-            if (v35 < 512u) a0[v35] = v26;
-            if (v37 < 512u) a0[v37] = v27;
-            if (v39 < 512u) a0[v39] = v28;
-            if (v41 < 512u) a0[v41] = v29;
-            if (v43 < 512u) a0[v43] = v30;
-            if (v45 < 512u) a0[v45] = v31;
+            if (i0 < 512u) a0[i0] = (unsigned short)((bp_v24.x >> 0));
+            if (v33 < 512u) a0[v33] = (unsigned short)((bp_v24.x >> 16));
+            if (v35 < 512u) a0[v35] = (unsigned short)((bp_v24.y >> 0));
+            if (v37 < 512u) a0[v37] = (unsigned short)((bp_v24.y >> 16));
+            if (v39 < 512u) a0[v39] = (unsigned short)((bp_v24.z >> 0));
+            if (v41 < 512u) a0[v41] = (unsigned short)((bp_v24.z >> 16));
+            if (v43 < 512u) a0[v43] = (unsigned short)((bp_v24.w >> 0));
+            if (v45 < 512u) a0[v45] = (unsigned short)((bp_v24.w >> 16));
         }
         unsigned v47 = i0 + 1u;
         unsigned v49 = i0 + 2u;
@@ -57,16 +50,9 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         unsigned v55 = i0 + 5u;
         unsigned v57 = i0 + 6u;
         unsigned v59 = i0 + 7u;
-        const bool bp_f60 = ((unsigned long long)&b1[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len1;
-        uint4 bp_v60; if (bp_f60) bp_v60 = *(const uint4 *)&b1[i0];
-        unsigned short v60 = bp_f60 ? (unsigned short)((bp_v60.x >> 0)) : (i0 < s.len1) ? b1[i0] : (unsigned short)0;
-        unsigned short v61 = bp_f60 ? (unsigned short)((bp_v60.x >> 16)) : (v47 < s.len1) ? b1[v47] : (unsigned short)0;
-        unsigned short v62 = bp_f60 ? (unsigned short)((bp_v60.y >> 0)) : (v49 < s.len1) ? b1[v49] : (unsigned short)0;
-        unsigned short v63 = bp_f60 ? (unsigned short)((bp_v60.y >> 16)) : (v51 < s.len1) ? b1[v51] : (unsigned short)0;
-        unsigned short v64 = bp_f60 ? (unsigned short)((bp_v60.z >> 0)) : (v53 < s.len1) ? b1[v53] : (unsigned short)0;
-        unsigned short v65 = bp_f60 ? (unsigned short)((bp_v60.z >> 16)) : (v55 < s.len1) ? b1[v55] : (unsigned short)0;
-        unsigned short v66 = bp_f60 ? (unsigned short)((bp_v60.w >> 0)) : (v57 < s.len1) ? b1[v57] : (unsigned short)0;
-        unsigned short v67 = bp_f60 ? (unsigned short)((bp_v60.w >> 16)) : (v59 < s.len1) ? b1[v59] : (unsigned short)0;
+        uint4 bp_v60;
+        if (((unsigned long long)&b1[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len1) bp_v60 = *(const uint4 *)&b1[i0];
+        else bp_v60 = make_uint4(((unsigned)(unsigned short)(((i0 < s.len1) ? b1[i0] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v47 < s.len1) ? b1[v47] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v49 < s.len1) ? b1[v49] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v51 < s.len1) ? b1[v51] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v53 < s.len1) ? b1[v53] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v55 < s.len1) ? b1[v55] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v57 < s.len1) ? b1[v57] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v59 < s.len1) ? b1[v59] : (unsigned short)0))) << 16);
         unsigned v69 = i0 + 1u;
         unsigned v71 = i0 + 2u;
         unsigned v73 = i0 + 3u;
@@ -75,16 +61,16 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         unsigned v79 = i0 + 6u;
         unsigned v81 = i0 + 7u;
         if (((unsigned long long)&a1[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= 512ull) {
-            *(uint4 *)&a1[i0] = make_uint4(((unsigned)(unsigned short)(v60)) | ((unsigned)(unsigned short)(v61)) << 16, ((unsigned)(unsigned short)(v62)) | ((unsigned)(unsigned short)(v63)) << 16, ((unsigned)(unsigned short)(v64)) | ((unsigned)(unsigned short)(v65)) << 16, ((unsigned)(unsigned short)(v66)) | ((unsigned)(unsigned short)(v67)) << 16);
+            *(uint4 *)&a1[i0] = bp_v60;
         } else {
-            if (i0 < 512u) a1[i0] = v60;
-            if (v69 < 512u) a1[v69] = v61;
-            if (v71 < 512u) a1[v71] = v62;
-            if (v73 < 512u) a1[v73] = v63;
-            if (v75 < 512u) a1[v75] = v64;
-            if (v77 < 512u) a1[v77] = v65;
-            if (v79 < 512u) a1[v79] = v66;
-            if (v81 < 512u) a1[v81] = v67;
+            if (i0 < 512u) a1[i0] = (unsigned short)((bp_v60.x >> 0));
+            if (v69 < 512u) a1[v69] = (unsigned short)((bp_v60.x >> 16));
+            if (v71 < 512u) a1[v71] = (unsigned short)((bp_v60.y >> 0));
+            if (v73 < 512u) a1[v73] = (unsigned short)((bp_v60.y >> 16));
+            if (v75 < 512u) a1[v75] = (unsigned short)((bp_v60.z >> 0));
+            if (v77 < 512u) a1[v77] = (unsigned short)((bp_v60.z >> 16));
+            if (v79 < 512u) a1[v79] = (unsigned short)((bp_v60.w >> 0));
+            if (v81 < 512u) a1[v81] = (unsigned short)((bp_v60.w >> 16));
         }
     }
     __syncthreads();
@@ -108,7 +94,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
             unsigned bp_l = bp_lane(), bp_g = bp_l >> 2, bp_t = bp_l & 3u;
             if (((bp_o | bp_s) & 7u) == 0u) {
                 unsigned bp_i = bp_l >> 3, bp_q = bp_l & 7u;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(m0[0]), "=r"(m0[1]), "=r"(m0[2]), "=r"(m0[3]) : "r"(bp_smem(&a0[bp_o + (bp_q + (bp_i >> 1) * 8u) * bp_s + ((bp_i & 1u) * 8u)])));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(m0[0]), "=r"(m0[1]), "=r"(m0[2]), "=r"(m0[3]) : "r"(bp_smem(&a0[bp_o + (bp_q + (bp_i >> 1) * 8u) * bp_s + ((bp_i & 1u) * 8u)])) : "memory");
             } else {
                 #pragma unroll
                 for (unsigned bp_e = 0; bp_e < 4u; ++bp_e) {
@@ -127,7 +113,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
             unsigned bp_l = bp_lane(), bp_g = bp_l >> 2, bp_t = bp_l & 3u;
             if (((bp_o | bp_s) & 7u) == 0u) {
                 unsigned bp_i = bp_l >> 3, bp_q = bp_l & 7u;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(m1[0]), "=r"(m1[1]), "=r"(m1[2]), "=r"(m1[3]) : "r"(bp_smem(&a1[bp_o + (bp_q + (bp_i & 1u) * 8u) * bp_s + ((bp_i >> 1) * 8u)])));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(m1[0]), "=r"(m1[1]), "=r"(m1[2]), "=r"(m1[3]) : "r"(bp_smem(&a1[bp_o + (bp_q + (bp_i & 1u) * 8u) * bp_s + ((bp_i >> 1) * 8u)])) : "memory");
             } else {
                 #pragma unroll
                 for (unsigned bp_e = 0; bp_e < 4u; ++bp_e) {
@@ -140,8 +126,8 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
             { unsigned bp_h = (unsigned)(unsigned short)bp_f2h(0.0f); for (int bp_e = 0; bp_e < 4; ++bp_e) m1[bp_e] = bp_h | (bp_h << 16); }
         }
     }
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};" : "=f"(m2[0]), "=f"(m2[1]), "=f"(m2[2]), "=f"(m2[3]) : "r"(m0[0]), "r"(m0[1]), "r"(m0[2]), "r"(m0[3]), "r"(m1[0]), "r"(m1[1]), "f"(m2[0]), "f"(m2[1]), "f"(m2[2]), "f"(m2[3]));
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};" : "=f"(m2[4]), "=f"(m2[5]), "=f"(m2[6]), "=f"(m2[7]) : "r"(m0[0]), "r"(m0[1]), "r"(m0[2]), "r"(m0[3]), "r"(m1[2]), "r"(m1[3]), "f"(m2[4]), "f"(m2[5]), "f"(m2[6]), "f"(m2[7]));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};" : "=f"(m2[0]), "=f"(m2[1]), "=f"(m2[2]), "=f"(m2[3]) : "r"(m0[0]), "r"(m0[1]), "r"(m0[2]), "r"(m0[3]), "r"(m1[0]), "r"(m1[1]), "f"(m2[0]), "f"(m2[1]), "f"(m2[2]), "f"(m2[3]));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};" : "=f"(m2[4]), "=f"(m2[5]), "=f"(m2[6]), "=f"(m2[7]) : "r"(m0[0]), "r"(m0[1]), "r"(m0[2]), "r"(m0[3]), "r"(m1[2]), "r"(m1[3]), "f"(m2[4]), "f"(m2[5]), "f"(m2[6]), "f"(m2[7]));
     {
         unsigned bp_o = 0u, bp_s = 16u;
         if ((unsigned long long)bp_o + 15ull * bp_s + 15ull < (unsigned long long)s.len2) {
