@@ -65,20 +65,20 @@ const bp_host_gloo_api &GlooLoader::require(const std::string &operation) {
 void GlooLoader::load() {
 #ifndef BACKPLANE_HOST_GLOO_MODULE_BUILT
     if (source_.empty()) {
-        status_ = std::string("off: this host plugin was built without Gloo (no libgloo-dev); ") +
+        status_ = std::string("this host plugin was built without Gloo (no libgloo-dev); ") +
                   kInstallHint;
         return;
     }
 #endif
     if (::access(path_.c_str(), R_OK) != 0) {
-        status_ = "off: the Gloo module " + path_ + source_ + " is not there; " + kInstallHint;
+        status_ = "the Gloo module " + path_ + source_ + " is not there; " + kInstallHint;
         return;
     }
     // Local symbols: Gloo's (and the module's) resolve against nothing else in the process.
     void *handle = ::dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
         const char *why = ::dlerror();
-        status_ = "off: the Gloo module " + path_ + source_ + " cannot be loaded (" +
+        status_ = "the Gloo module " + path_ + source_ + " cannot be loaded (" +
                   (why != nullptr ? why : "unknown loader error") + "); " + kInstallHint;
         return;
     }
@@ -89,7 +89,7 @@ void GlooLoader::load() {
     if (api == nullptr || api->struct_size < sizeof(bp_host_gloo_api) ||
         api->version != BP_HOST_GLOO_MODULE_VERSION) {
         ::dlclose(handle);
-        status_ = "off: " + path_ + source_ + " is not a Gloo module of this host plugin (" +
+        status_ = path_ + source_ + " is not a Gloo module of this host plugin (" +
                   (entry == nullptr ? std::string("no entry ") + BP_HOST_GLOO_MODULE_ENTRY
                                     : std::string("another interface version")) +
                   "); reinstall backplane so that the plugin and its module match";
