@@ -14,11 +14,12 @@ namespace {
 
 constexpr const char *kEnvironment = "BACKPLANE_GLOO_MODULE";
 
-/// What a user does about a missing module or libgloo.
+/// What a user does about a missing module or libgloo: short, since bp_device_info::collectives
+/// holds 255 characters; errors add kOtherModuleHint.
 constexpr const char *kInstallHint =
-    "collectives need libgloo (Debian 12: apt install libgloo0) and the host plugin's Gloo "
-    "module, which is built when libgloo-dev is installed and installed next to the plugin; "
-    "BACKPLANE_GLOO_MODULE or the option collectives.module name another file";
+    "collectives need libgloo0 (apt install libgloo0) and this module (built with libgloo-dev)";
+constexpr const char *kOtherModuleHint =
+    "; BACKPLANE_GLOO_MODULE or the option collectives.module name another module file";
 
 /// The directory of the library this function is in (the host plugin), with a trailing '/'; ""
 /// when the loader cannot say.
@@ -59,7 +60,8 @@ const std::string &GlooLoader::status() {
 
 const bp_host_gloo_api &GlooLoader::require(const std::string &operation) {
     if (const bp_host_gloo_api *loaded = api()) return *loaded;
-    throw sdk::Error(BP_ERROR_UNSUPPORTED, operation + ": no collectives: " + status_);
+    throw sdk::Error(BP_ERROR_UNSUPPORTED,
+                     operation + ": no collectives: " + status_ + kOtherModuleHint);
 }
 
 void GlooLoader::load() {
@@ -71,15 +73,15 @@ void GlooLoader::load() {
     }
 #endif
     if (::access(path_.c_str(), R_OK) != 0) {
-        status_ = "the Gloo module " + path_ + source_ + " is not there; " + kInstallHint;
+        status_ = "the Gloo module " + path_ + source_ + " is missing; " + kInstallHint;
         return;
     }
     // Local symbols: Gloo's (and the module's) resolve against nothing else in the process.
     void *handle = ::dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
         const char *why = ::dlerror();
-        status_ = "the Gloo module " + path_ + source_ + " cannot be loaded (" +
-                  (why != nullptr ? why : "unknown loader error") + "); " + kInstallHint;
+        status_ = "the Gloo module " + path_ + source_ + " cannot be loaded: " +
+                  (why != nullptr ? why : "unknown loader error") + "; " + kInstallHint;
         return;
     }
     auto entry =
