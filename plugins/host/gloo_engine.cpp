@@ -389,9 +389,9 @@ void checkRanksAgree(CommState &state, const Call &call) {
     for (int i = 0; i < 4; ++i)
         if (signature[i] != mine[i] || -signature[4 + i] != mine[i])
             throw gloo::IoException(
-                std::string("the ranks disagree on the collective's ") + kFields[i] + " (this rank: " +
-                std::to_string(mine[i]) + ", others between " + std::to_string(-signature[4 + i]) +
-                " and " + std::to_string(signature[i]) +
+                std::string("the ranks disagree on the collective's ") + kFields[i] +
+                " (this rank: " + std::to_string(mine[i]) + ", others between " +
+                std::to_string(-signature[4 + i]) + " and " + std::to_string(signature[i]) +
                 "); every rank must issue the same collectives in the same order");
 }
 
@@ -554,7 +554,8 @@ class CommIdMaker {
 public:
     using Log = std::function<void(bp_log_level, const std::string &)>;
     /// Cheap: nothing starts before the first make().
-    CommIdMaker(HostOptions options, Log log) : options_(std::move(options)), log_(std::move(log)) {}
+    CommIdMaker(HostOptions options, Log log)
+        : options_(std::move(options)), log_(std::move(log)) {}
     CommIdMaker(const CommIdMaker &) = delete;
     CommIdMaker &operator=(const CommIdMaker &) = delete;
 
@@ -701,9 +702,8 @@ const bp_host_gloo_api kApi = [] {
         sdk::detail::guardRelease([&] { delete comm; });
     };
     api.comm_abort = [](bp_host_gloo_comm *comm) {
-        sdk::detail::guardRelease([&] {
-            commOf(comm).state->breakComm("the communicator was aborted (comm_abort)");
-        });
+        sdk::detail::guardRelease(
+            [&] { commOf(comm).state->breakComm("the communicator was aborted (comm_abort)"); });
     };
     api.comm_shape = [](const bp_host_gloo_comm *comm, uint32_t *rank, uint32_t *size) {
         if (comm == nullptr) return;

@@ -80,14 +80,14 @@ void GlooLoader::load() {
     void *handle = ::dlopen(path_.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
         const char *why = ::dlerror();
-        status_ = "the Gloo module " + path_ + source_ + " cannot be loaded: " +
-                  (why != nullptr ? why : "unknown loader error") + "; " + kInstallHint;
+        status_ = "the Gloo module " + path_ + source_ +
+                  " cannot be loaded: " + (why != nullptr ? why : "unknown loader error") + "; " +
+                  kInstallHint;
         return;
     }
     auto entry =
         reinterpret_cast<bp_host_gloo_entry_fn>(::dlsym(handle, BP_HOST_GLOO_MODULE_ENTRY));
-    const bp_host_gloo_api *api =
-        entry != nullptr ? entry(BP_HOST_GLOO_MODULE_VERSION) : nullptr;
+    const bp_host_gloo_api *api = entry != nullptr ? entry(BP_HOST_GLOO_MODULE_VERSION) : nullptr;
     if (api == nullptr || api->struct_size < sizeof(bp_host_gloo_api) ||
         api->version != BP_HOST_GLOO_MODULE_VERSION) {
         ::dlclose(handle);

@@ -49,9 +49,9 @@ typedef struct bp_host_gloo_call {
     uint32_t peer;   /**< root (reduce, broadcast) or peer (send, recv) */
     unsigned char *send;
     unsigned char *recv;
-    uint64_t count;       /**< elements per rank */
-    size_t element_size;  /**< bytes of one element of `type` */
-    uint32_t tag;         /**< from comm_next_tag, taken when the call was recorded */
+    uint64_t count;      /**< elements per rank */
+    size_t element_size; /**< bytes of one element of `type` */
+    uint32_t tag;        /**< from comm_next_tag, taken when the call was recorded */
 } bp_host_gloo_call;
 
 /** The module's rendezvous store and the ids naming it (one per plugin instance). */
@@ -92,8 +92,7 @@ typedef struct bp_host_gloo_api {
     /** Runs one collective to its end (the body of its stream task). BP_ERROR_REMOTE when a peer
      *  failed, left or timed out, or the communicator was aborted (it is then unusable);
      *  BP_ERROR_OUT_OF_MEMORY for scratch memory. */
-    bp_status (*comm_run)(bp_host_gloo_comm *comm, const bp_host_gloo_call *call,
-                          bp_error *error);
+    bp_status (*comm_run)(bp_host_gloo_comm *comm, const bp_host_gloo_call *call, bp_error *error);
 } bp_host_gloo_api;
 
 /** The entry: the table when `version` is the module's own, else NULL. */

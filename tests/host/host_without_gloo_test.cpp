@@ -86,7 +86,8 @@ TEST_CASE("without its Gloo module the host plugin loads, runs kernels and says 
 
     ComputeClient client = runtime.open(runtime.select("host:0"));
     std::vector<uint32_t> values(1000);
-    for (uint32_t i = 0; i < values.size(); ++i) values[i] = i;
+    for (uint32_t i = 0; i < values.size(); ++i)
+        values[i] = i;
     Buffer buffer = client.create(values.data(), values.size() * sizeof(uint32_t));
     Dispatch dispatch;
     dispatch.grid = {16};
@@ -94,7 +95,8 @@ TEST_CASE("without its Gloo module the host plugin loads, runs kernels and says 
     dispatch.bindings = {buffer};
     client.execute(KernelSource{"add_one", {KernelVariant::host(addOneKernel)}}, dispatch);
     const std::vector<uint32_t> back = client.readAs<uint32_t>(buffer);
-    for (uint32_t i = 0; i < values.size(); ++i) REQUIRE(back[i] == i + 1);
+    for (uint32_t i = 0; i < values.size(); ++i)
+        REQUIRE(back[i] == i + 1);
 
     // Nothing loaded Gloo (or the module) along the way.
     CHECK_FALSE(mapped("libgloo"));
@@ -103,8 +105,8 @@ TEST_CASE("without its Gloo module the host plugin loads, runs kernels and says 
 
 TEST_CASE("without its Gloo module comm_id_create is unsupported and names the module") {
     const std::string module = hiddenModule();
-    RawPlugin plugin = RawPlugin::open(readPluginManifest(manifestPath()),
-                                       {.optionsJson = "{}", .cacheDir = {}});
+    RawPlugin plugin =
+        RawPlugin::open(readPluginManifest(manifestPath()), {.optionsJson = "{}", .cacheDir = {}});
     REQUIRE(plugin.has(&bp_plugin_api::comm_id_create));
     std::vector<unsigned char> id(BP_COMM_ID_MAX_BYTES);
     size_t size = 0;

@@ -19,7 +19,8 @@ constexpr const char *kKnownPlugins[] = {"cuda", "hip", "vulkan", "host"};
 
 size_t editDistance(const std::string &a, const std::string &b) {
     std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t j = 0; j <= b.size(); ++j)
+        row[j] = j;
     for (size_t i = 1; i <= a.size(); ++i) {
         size_t diagonal = row[0];
         row[0] = i;
@@ -106,14 +107,15 @@ std::vector<std::string> machineWarnings(const Config &checked, const std::strin
                     closest = candidate;
                 }
             }
-            std::string text = file + ": " + use.where + ": no installed plugin is named '" +
-                               use.name + "'";
+            std::string text =
+                file + ": " + use.where + ": no installed plugin is named '" + use.name + "'";
             if (!closest.empty()) text += "; did you mean '" + closest + "'?";
             if (installed.empty())
                 text += " (no plugin was found at all)";
             else {
                 std::string list;
-                for (const std::string &name : installed) list += (list.empty() ? "" : ", ") + name;
+                for (const std::string &name : installed)
+                    list += (list.empty() ? "" : ", ") + name;
                 text += " (installed: " + list + ")";
             }
             warnings.push_back(text);
@@ -159,8 +161,8 @@ int check(const std::string &file) {
         std::fprintf(stderr, "backplane config: warning: %s\n", warning.c_str());
     if (!result.errors.empty()) {
         std::fprintf(stderr, "backplane config: %s: %zu error%s, %zu warning%s\n", file.c_str(),
-                     result.errors.size(), result.errors.size() == 1 ? "" : "s",
-                     warnings.size(), warnings.size() == 1 ? "" : "s");
+                     result.errors.size(), result.errors.size() == 1 ? "" : "s", warnings.size(),
+                     warnings.size() == 1 ? "" : "s");
         return 1;
     }
     std::printf("OK: %s%s\n", file.c_str(),
