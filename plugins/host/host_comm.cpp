@@ -1,591 +1,60 @@
-// Collectives of the host plugin on Gloo: joining a communicator, one collective per stream task.
+// Collectives of the host plugin: checking a collective's arguments, recording it on a stream,
+// and handing it to the Gloo module (gloo_module.h) to run.
 #include "host_comm.hpp"
 
+#include "collective_names.hpp"
 #include "comm_group.hpp"
-#include "comm_id.hpp"
-#include "gloo_connections.hpp"
 #include "host_device.hpp"
-#include "reduce_ops.hpp"
-#include "store_client.hpp"
-#include "store_server.hpp"
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/broadcast.h>
-#include <gloo/common/error.h>
-#include <gloo/config.h>
-#include <gloo/reduce.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cstring>
 #include <limits>
-#include <mutex>
-#include <set>
-#include <thread>
-#include <vector>
+#include <string>
 
 namespace backplane::host {
 namespace {
-
-constexpr auto kDefaultTimeout = std::chrono::milliseconds(60'000);
-/// Each rank holds a connection to every other: beyond this, descriptors run out first.
-constexpr uint32_t kMaxRanks = 1024;
-constexpr uint64_t kLongestTimeoutMs = uint64_t{30} * 24 * 3600 * 1000; // a month: "forever"
-/// How long comm_create may still spend, after a join timed out, asking the store who is missing.
-constexpr auto kMissingRanksQuery = std::chrono::milliseconds(1000);
-// Slot prefixes of the transfers this file makes itself; Gloo's own collectives use 0x01..0x08.
-constexpr uint64_t kSendUpSlotPrefix = 0x70;        ///< from a lower to a higher rank
-constexpr uint64_t kSendDownSlotPrefix = 0x71;      ///< from a higher to a lower rank
-constexpr uint64_t kReduceScatterSlotPrefix = 0x72; ///< plus the ring's step
 
 [[noreturn]] void invalid(const std::string &message) {
     throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, message);
 }
 
-const char *collectiveName(uint32_t op) {
-    switch (op) {
-    case BP_COLLECTIVE_ALL_REDUCE:
-        return "all_reduce";
-    case BP_COLLECTIVE_REDUCE:
-        return "reduce";
-    case BP_COLLECTIVE_BROADCAST:
-        return "broadcast";
-    case BP_COLLECTIVE_ALL_GATHER:
-        return "all_gather";
-    case BP_COLLECTIVE_REDUCE_SCATTER:
-        return "reduce_scatter";
-    case BP_COLLECTIVE_SEND:
-        return "send";
-    case BP_COLLECTIVE_RECV:
-        return "recv";
-    default:
-        return "collective";
-    }
+/// Throws the module's failure as the plugin's.
+void check(bp_status status, const bp_error &error) {
+    if (status != BP_SUCCESS) throw sdk::Error(status, error.message);
 }
 
-bool reduces(uint32_t op) {
-    return op == BP_COLLECTIVE_ALL_REDUCE || op == BP_COLLECTIVE_REDUCE ||
-           op == BP_COLLECTIVE_REDUCE_SCATTER;
-}
-
-bool hasPeer(uint32_t op) {
-    return op == BP_COLLECTIVE_REDUCE || op == BP_COLLECTIVE_BROADCAST ||
-           op == BP_COLLECTIVE_SEND || op == BP_COLLECTIVE_RECV;
-}
-
-std::chrono::milliseconds timeoutOf(const bp_comm_create_args &args) {
-    if (args.timeout_ms == 0) return kDefaultTimeout;
-    return std::chrono::milliseconds(
-        static_cast<int64_t>(std::min<uint64_t>(args.timeout_ms, kLongestTimeoutMs)));
-}
-
-/// Gloo's TCP device: on the configured interface or address, else the host name's address,
-/// else loopback.
-std::shared_ptr<gloo::transport::Device> createDevice(const HostOptions &options,
-                                                      const std::string &what) {
-    std::string source;
-    const std::string interface = configuredInterface(options);
-    const std::string address = configuredAddress(options, source);
-    auto create = [&](const gloo::transport::tcp::attr &attr, const std::string &where) {
-        try {
-            return gloo::transport::tcp::CreateDevice(attr);
-        } catch (const std::exception &e) { // EnforceNotMet, gloo::Exception, system_error
-            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
-                             what + ": Gloo cannot open a TCP device on " + where + ": " +
-                                 e.what() +
-                                 "; set BACKPLANE_GLOO_ADDRESS (or BACKPLANE_GLOO_INTERFACE) to "
-                                 "an address (interface) of this machine the other ranks reach");
-        }
-    };
-    gloo::transport::tcp::attr attr;
-    if (!interface.empty()) {
-        attr.iface = interface;
-        return create(attr, "interface '" + interface + "'");
-    }
-    if (!address.empty()) {
-        attr.hostname = address;
-        return create(attr, "'" + address + "' (from " + source + ")");
-    }
-    if (const std::string named = hostNameAddress(); !named.empty()) {
-        attr.hostname = named;
-        try {
-            return create(attr, "the host name's address " + named);
-        } catch (const sdk::Error &) { // e.g. a name that resolves to another machine: loopback
-        }
-    }
-    attr.hostname = "127.0.0.1";
-    return create(attr, "127.0.0.1");
-}
-
-} // namespace
-
-// ---- state ---------------------------------------------------------------------------------
-
-struct HostComm::State {
-    uint32_t rank = 0;
-    uint32_t size = 1;
-    std::chrono::milliseconds timeout{};
-    std::string store; ///< "host:port", for messages
-    std::shared_ptr<gloo::transport::Device> device;
-    std::shared_ptr<gloo::rendezvous::Context> context; ///< after device: destroyed first
-
-    std::atomic<bool> broken{false};
-    std::mutex mutex;
-    std::string brokenReason;       ///< guarded by mutex
-    bool connectionsFailed = false; ///< guarded by mutex
-    uint32_t nextTag = 0;           ///< guarded by mutex: tag of the next collective
-    std::vector<uint32_t> sent;     ///< guarded by mutex: sends to each peer so far
-    std::vector<uint32_t> received; ///< guarded by mutex: receives from each peer so far
-    /// Gloo buffers of the collectives running now (guarded by mutex), so that breakComm can
-    /// interrupt their waits: Gloo does not wake a send whose data is being written when the
-    /// connection fails (only pending ones), so without this it would wait for its timeout.
-    std::set<gloo::transport::UnboundBuffer *> running;
-
-    std::string rankText() const {
-        return "rank " + std::to_string(rank) + " of " + std::to_string(size);
-    }
-
-    /// Marks the communicator unusable and fails its connections (once). Never throws.
-    void breakComm(const std::string &reason) noexcept {
-        try {
-            std::lock_guard lock(mutex);
-            if (!broken.load()) {
-                brokenReason = reason;
-                broken.store(true);
-            }
-            // The sockets first, as if the network failed: Gloo fails what is pending on them.
-            // Then the waits Gloo does not wake (a send being written).
-            if (!connectionsFailed && context) {
-                connectionsFailed = true;
-                shutDownConnections(*context);
-            }
-            for (gloo::transport::UnboundBuffer *buffer : running) {
-                buffer->abortWaitSend();
-                buffer->abortWaitRecv();
-            }
-        } catch (...) { // NOLINT(bugprone-empty-catch): the broken flag is what counts
-            broken.store(true);
-        }
-    }
-
-    /// Returns once no connection of the broken communicator can still touch the memory of a
-    /// collective that ends now: a send whose wait was interrupted may still be written by
-    /// Gloo's device thread until that thread saw the shutdown and closed the socket. Waits for
-    /// that (it also fails what is pending on the socket), then closes what is left by force:
-    /// Gloo's close takes each connection's lock, so no write is in progress after it.
-    void awaitClosed() noexcept {
-        if (!context) return;
-        try {
-            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-            while (anyConnectionOpen(*context) && std::chrono::steady_clock::now() < until)
-                std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            context->closeConnections();
-        } catch (...) { // NOLINT(bugprone-empty-catch): closing is best effort
-        }
-    }
-
-    [[noreturn]] void throwBroken(const std::string &operation) {
-        std::string reason;
-        {
-            std::lock_guard lock(mutex);
-            reason = brokenReason;
-        }
-        throw sdk::Error(BP_ERROR_REMOTE, operation + " on " + rankText() +
-                                              ": the communicator is unusable (" + reason +
-                                              "); destroy it and create a new one");
-    }
-};
-
-namespace {
-
-/// Everything one recorded collective needs when it runs.
-struct Call {
-    uint32_t op = 0;
-    uint32_t type = 0;
-    uint32_t reduce = 0;
-    uint32_t peer = 0;
-    unsigned char *send = nullptr;
-    unsigned char *recv = nullptr;
-    uint64_t count = 0;
-    size_t elementSize = 0;
-    uint32_t tag = 0;
-};
-
-using ContextPointer = std::shared_ptr<gloo::Context>;
-using BufferPointer = std::unique_ptr<gloo::transport::UnboundBuffer>;
-
-/// The Gloo buffers of one running collective, listed in State::running while it lives. Declare
-/// it after whatever owns the buffers (Gloo's options), so it ends first.
-class RunningBuffers {
-public:
-    explicit RunningBuffers(HostComm::State &state) : state_(state) {}
-    ~RunningBuffers() {
-        std::lock_guard lock(state_.mutex);
-        for (gloo::transport::UnboundBuffer *b : mine_)
-            state_.running.erase(b);
-    }
-    RunningBuffers(const RunningBuffers &) = delete;
-    RunningBuffers &operator=(const RunningBuffers &) = delete;
-
-    /// A buffer over `size` bytes at `data`, interrupted by breakComm (at once if it already ran).
-    BufferPointer make(void *data, size_t size) {
-        BufferPointer b = state_.context->createUnboundBuffer(data, size);
-        std::lock_guard lock(state_.mutex);
-        mine_.push_back(b.get()); // first: if insert throws, the destructor's erase is harmless
-        state_.running.insert(b.get());
-        if (state_.broken.load()) {
-            b->abortWaitSend();
-            b->abortWaitRecv();
-        }
-        return b;
-    }
-
-private:
-    HostComm::State &state_;
-    std::vector<gloo::transport::UnboundBuffer *> mine_;
-};
-
-/// Runs the Gloo algorithm of `call`; T only gives Gloo the element size.
-template <class T> void runGloo(HostComm::State &state, const Call &call) {
-    const ContextPointer context = state.context;
-    const size_t bytes = static_cast<size_t>(call.count) * sizeof(T);
-    const uint32_t rank = state.rank;
-    const bool average = call.reduce == BP_REDUCE_AVG;
-    const ReduceFunction reduce = reduceFunction(call.type, call.reduce);
-
-    switch (call.op) {
-    case BP_COLLECTIVE_ALL_REDUCE: {
-        gloo::AllreduceOptions options(context);
-        RunningBuffers running(state);
-        if (call.send != call.recv) options.setInput<T>(running.make(call.send, bytes));
-        options.setOutput<T>(running.make(call.recv, bytes));
-        options.setReduceFunction(reduce);
-        options.setTag(call.tag);
-        options.setTimeout(state.timeout);
-        gloo::allreduce(options);
-        if (average) divideElements(call.recv, call.count, call.type, state.size);
-        return;
-    }
-    case BP_COLLECTIVE_REDUCE: {
-        // Gloo uses every rank's output as scratch: only the root's is the caller's buffer.
-        const bool root = rank == call.peer;
-        std::vector<unsigned char> scratch(root ? 0 : bytes);
-        unsigned char *out = root ? call.recv : scratch.data();
-        gloo::ReduceOptions options(context);
-        RunningBuffers running(state);
-        if (call.send != out) options.setInput<T>(running.make(call.send, bytes));
-        options.setOutput<T>(running.make(out, bytes));
-        options.setRoot(static_cast<int>(call.peer));
-        options.setReduceFunction(reduce);
-        options.setTag(call.tag);
-        options.setTimeout(state.timeout);
-        gloo::reduce(options);
-        if (average && root) divideElements(call.recv, call.count, call.type, state.size);
-        return;
-    }
-    case BP_COLLECTIVE_BROADCAST: {
-        gloo::BroadcastOptions options(context);
-        RunningBuffers running(state);
-        if (rank == call.peer && call.send != call.recv)
-            options.setInput<T>(running.make(call.send, bytes));
-        options.setOutput<T>(running.make(call.recv, bytes));
-        options.setRoot(static_cast<int>(call.peer));
-        options.setTag(call.tag);
-        options.setTimeout(state.timeout);
-        gloo::broadcast(options);
-        return;
-    }
-    case BP_COLLECTIVE_ALL_GATHER: {
-        gloo::AllgatherOptions options(context);
-        RunningBuffers running(state);
-        if (call.send != call.recv + rank * bytes) // else in place: already in its slot
-            options.setInput<T>(running.make(call.send, bytes));
-        options.setOutput<T>(running.make(call.recv, bytes * state.size));
-        options.setTag(call.tag);
-        options.setTimeout(state.timeout);
-        gloo::allgather(options);
-        return;
-    }
-    case BP_COLLECTIVE_REDUCE_SCATTER: {
-        // Gloo 0.5 has no reduce-scatter on unbound buffers: a ring. At step k rank r sends its
-        // partial result of part (r - k - 1) to rank r + 1 and receives rank r - 1's partial
-        // result of part (r - k - 2), to which it adds its own; after size - 1 steps it holds
-        // part r reduced over every rank. Each rank sends (size - 1) / size of its data.
-        const uint32_t n = state.size;
-        auto part = [&](uint32_t p) { return call.send + size_t{p} * bytes; };
-        if (n == 1) {
-            std::memmove(call.recv, call.send, bytes);
-            return;
-        }
-        std::vector<unsigned char> scratch(2 * bytes); // [partial to send | partial received]
-        RunningBuffers running(state);
-        BufferPointer own = running.make(call.send, bytes * n);
-        BufferPointer partial = running.make(scratch.data(), scratch.size());
-        const auto right = static_cast<int>((rank + 1) % n);
-        const auto left = static_cast<int>((rank + n - 1) % n);
-        const uint64_t slot = (kReduceScatterSlotPrefix << 56) | (uint64_t{call.tag} << 24);
-        for (uint32_t k = 0; k + 1 < n; ++k) {
-            const uint32_t sent = (rank + 2 * n - k - 1) % n;
-            const uint32_t received = (rank + 2 * n - k - 2) % n;
-            partial->recv(left, slot + k, bytes, bytes);
-            gloo::transport::UnboundBuffer &from = k == 0 ? *own : *partial;
-            from.send(right, slot + k, k == 0 ? size_t{sent} * bytes : 0, bytes);
-            if (!partial->waitRecv(state.timeout) || !from.waitSend(state.timeout))
-                throw gloo::IoException("the transfer was interrupted");
-            unsigned char *out = k + 2 == n ? call.recv : scratch.data();
-            reduce(out, part(received), scratch.data() + bytes, call.count);
-        }
-        if (average) divideElements(call.recv, call.count, call.type, state.size);
-        return;
-    }
-    case BP_COLLECTIVE_SEND:
-    case BP_COLLECTIVE_RECV: {
-        const bool sending = call.op == BP_COLLECTIVE_SEND;
-        const uint32_t from = sending ? rank : call.peer;
-        const uint32_t to = sending ? call.peer : rank;
-        const uint64_t slot = ((from < to ? kSendUpSlotPrefix : kSendDownSlotPrefix) << 56) |
-                              (uint64_t{call.tag} << 24);
-        RunningBuffers running(state);
-        const auto peer = static_cast<int>(call.peer);
-        // A header first: Gloo ends the process (an enforce on its own thread) when more bytes
-        // arrive than the receiver posted, so the receiver checks the size before posting.
-        uint64_t header[2] = {bytes, call.type};
-        auto head = running.make(header, sizeof header);
-        bool completed = false;
-        if (sending) {
-            head->send(peer, slot | 1);
-            completed = head->waitSend(state.timeout);
-        } else {
-            head->recv(peer, slot | 1);
-            completed = head->waitRecv(state.timeout);
-            if (completed && (header[0] != bytes || header[1] != call.type))
-                throw gloo::IoException(
-                    "rank " + std::to_string(call.peer) + " sends " + std::to_string(header[0]) +
-                    " bytes of type " + std::to_string(header[1]) + ", this rank receives " +
-                    std::to_string(bytes) + " of type " + std::to_string(call.type) +
-                    " (every send must match its recv)");
-        }
-        if (!completed) throw gloo::IoException("the transfer was interrupted");
-        auto data = running.make(sending ? call.send : call.recv, bytes);
-        if (sending) {
-            data->send(peer, slot);
-            completed = data->waitSend(state.timeout);
-        } else {
-            data->recv(peer, slot);
-            completed = data->waitRecv(state.timeout);
-        }
-        if (!completed) throw gloo::IoException("the transfer was interrupted");
-        return;
-    }
-    default:
-        return;
-    }
-}
-
-void maxInt64(void *out, const void *a, const void *b, size_t count) {
-    for (size_t i = 0; i < count; ++i) {
-        int64_t x, y;
-        std::memcpy(&x, static_cast<const char *>(a) + i * 8, 8);
-        std::memcpy(&y, static_cast<const char *>(b) + i * 8, 8);
-        x = std::max(x, y);
-        std::memcpy(static_cast<char *>(out) + i * 8, &x, 8);
-    }
-}
-
-/// Every rank runs the same collective with the same count, type, reduction and root, checked
-/// with a small fixed-size all-reduce before any data moves: Gloo ends the process (an enforce
-/// on its own thread) when a peer sends more bytes than were posted, so a mismatch must never
-/// reach the data transfer. Max of (v, -v) gives each field's max and min at once.
-void checkRanksAgree(HostComm::State &state, const Call &call) {
-    const bool rooted = call.op == BP_COLLECTIVE_REDUCE || call.op == BP_COLLECTIVE_BROADCAST;
-    const int64_t mine[4] = {call.op, call.type, static_cast<int64_t>(call.count),
-                             rooted ? static_cast<int64_t>(call.peer) : -1};
-    int64_t signature[8];
-    for (int i = 0; i < 4; ++i) {
-        signature[i] = mine[i];
-        signature[4 + i] = -mine[i];
-    }
-    gloo::AllreduceOptions options(state.context);
-    RunningBuffers running(state);
-    options.setOutput<int64_t>(running.make(signature, sizeof signature));
-    options.setReduceFunction(&maxInt64);
-    options.setTag(call.tag | 0x80000000u);
-    options.setTimeout(state.timeout);
-    gloo::allreduce(options);
-    static const char *const kFields[4] = {"operation", "type", "count", "root"};
-    for (int i = 0; i < 4; ++i)
-        if (signature[i] != mine[i] || -signature[4 + i] != mine[i])
-            throw gloo::IoException(
-                std::string("the ranks disagree on the collective's ") + kFields[i] + " (this rank: " +
-                std::to_string(mine[i]) + ", others between " + std::to_string(-signature[4 + i]) +
-                " and " + std::to_string(signature[i]) +
-                "); every rank must issue the same collectives in the same order");
-}
-
-/// Runs one recorded collective: the body of its stream task.
-void runCall(HostComm::State &state, const Call &call) {
-    const std::string name = collectiveName(call.op);
-    if (state.broken.load()) state.throwBroken(name);
-    if (call.count == 0) return;
-    const SigpipeBlocked quiet;
-    std::string failure;
-    bp_status code = BP_ERROR_REMOTE;
-    try {
-        if (call.op != BP_COLLECTIVE_SEND && call.op != BP_COLLECTIVE_RECV && state.size > 1)
-            checkRanksAgree(state, call);
-        switch (call.elementSize) {
-        case 1:
-            runGloo<uint8_t>(state, call);
-            break;
-        case 2:
-            runGloo<uint16_t>(state, call);
-            break;
-        case 4:
-            runGloo<uint32_t>(state, call);
-            break;
-        default:
-            runGloo<uint64_t>(state, call);
-            break;
-        }
-        // breakComm interrupts waits, and Gloo's algorithms go on past an interrupted wait.
-        if (!state.broken.load()) return;
-        failure = "interrupted";
-    } catch (const std::bad_alloc &) {
-        code = BP_ERROR_OUT_OF_MEMORY;
-        failure = "out of host memory for its scratch buffer";
-    } catch (const std::exception &e) { // gloo::IoException (a peer left, a timeout), enforce
-        failure = e.what();
-    } catch (...) {
-        failure = "a non-standard exception";
-    }
-    // Broken before Gloo noticed (comm_abort, or a failure on another stream): that is the cause,
-    // Gloo only saw its connections closed.
-    std::string cause = failure;
-    if (state.broken.load()) {
-        std::lock_guard lock(state.mutex);
-        cause = state.brokenReason + " (Gloo: " + failure + ")";
-    }
-    state.breakComm(name + " failed on " + state.rankText() + ": " + failure);
-    state.awaitClosed();
-    throw sdk::Error(code, name + " on " + state.rankText() + " failed: " + cause +
-                               ". A peer failed, left or timed out, or comm_abort was called; "
-                               "the communicator is unusable: destroy it and create a new one");
+bp_host_gloo_settings settingsOf(const HostOptions &options) {
+    auto settings = sdk::makeStruct<bp_host_gloo_settings>();
+    settings.address = options.collectivesAddress.c_str();
+    settings.interface = options.collectivesInterface.c_str();
+    return settings;
 }
 
 } // namespace
 
 // ---- HostComm --------------------------------------------------------------------------------
 
-HostComm::HostComm(const void *owner, std::shared_ptr<State> state)
-    : owner_(owner), state_(std::move(state)) {}
+HostComm::HostComm(const void *owner, const bp_host_gloo_api &api,
+                   std::shared_ptr<bp_host_gloo_comm> comm)
+    : owner_(owner), api_(api), comm_(std::move(comm)) {
+    api_.comm_shape(comm_.get(), &rank_, &size_);
+}
 
-HostComm::~HostComm() = default; // tasks still queued hold the state; the last one closes it
-
-void HostComm::abort() { state_->breakComm("the communicator was aborted (comm_abort)"); }
+void HostComm::abort() { api_.comm_abort(comm_.get()); }
 
 std::unique_ptr<HostComm> HostComm::join(const void *owner, const bp_comm_create_args &args,
-                                         const HostOptions &options) {
-    const CommId id = decodeCommId(args.id, args.id_size);
-    if (args.size > kMaxRanks)
-        invalid("comm_create: " + std::to_string(args.size) +
-                " ranks; the host plugin's Gloo "
-                "communicators hold at most " +
-                std::to_string(kMaxRanks) + " (a full mesh of TCP connections)");
-    auto state = std::make_shared<State>();
-    state->rank = args.rank;
-    state->size = args.size;
-    state->timeout = timeoutOf(args);
-    state->store = endpointText(id.host, id.port);
-    state->sent.assign(args.size, 0);
-    state->received.assign(args.size, 0);
-    const std::string what = "comm_create (" + state->rankText() + ")";
-    const auto start = store::Clock::now();
-    const auto deadline = start + state->timeout;
-
-    const SigpipeBlocked quiet; // Gloo's device thread starts here and inherits the mask
-    state->device = createDevice(options, what);
-
-    const auto timedOut = [&](const std::string &detail) {
-        const auto waited =
-            std::chrono::duration_cast<std::chrono::milliseconds>(store::Clock::now() - start);
-        return sdk::Error(BP_ERROR_TIMEOUT, what + ": not every rank joined within " +
-                                                std::to_string(state->timeout.count()) +
-                                                " ms (waited " + std::to_string(waited.count()) +
-                                                " ms) at the rendezvous store " + state->store +
-                                                ": " + detail);
-    };
-    std::unique_ptr<StoreClient> client;
-    try {
-        client = std::make_unique<StoreClient>(id, deadline);
-    } catch (const StoreTimeout &e) {
-        throw timedOut(e.what());
-    } catch (const StoreFailure &e) {
-        throw sdk::Error(BP_ERROR_REMOTE, what + ": " + e.what());
-    }
-
-    const std::string prefix = nonceHex(id.nonce);
-    gloo::rendezvous::PrefixStore prefixed(prefix, *client);
-    auto context = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(args.rank),
-                                                               static_cast<int>(args.size));
-    try {
-        // The remaining time bounds Gloo's waits for its pairs' connections too.
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - store::Clock::now());
-        context->setTimeout(std::max(left, std::chrono::milliseconds(1)));
-        context->connectFullMesh(prefixed, state->device);
-    } catch (const StoreTimeout &e) {
-        // Which ranks never arrived: each rank's first act is setting "<nonce>/rank_<r>".
-        std::string detail = e.what();
-        try {
-            client->setDeadline(store::Clock::now() + kMissingRanksQuery);
-            std::vector<std::string> keys;
-            for (uint32_t r = 0; r < args.size; ++r)
-                keys.push_back(prefix + "/rank_" + std::to_string(r));
-            const std::vector<bool> present = client->check(keys);
-            std::string missing;
-            uint32_t absent = 0;
-            for (uint32_t r = 0; r < args.size; ++r) {
-                if (present[r]) continue;
-                if (absent++ < 16) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-            }
-            if (absent > 16) missing += ", ...";
-            if (absent > 0)
-                detail = std::to_string(absent) + " of " + std::to_string(args.size) +
-                         " ranks never joined (rank" + (absent > 1 ? "s " : " ") + missing + ")";
-            else
-                detail = "every rank joined, but not every rank published its addresses (" +
-                         detail + ")";
-        } catch (const std::exception &) { // NOLINT(bugprone-empty-catch): keep the first text
-        }
-        throw timedOut(detail);
-    } catch (const StoreFailure &e) {
-        throw sdk::Error(BP_ERROR_REMOTE, what + ": " + e.what());
-    } catch (const std::exception &e) { // Gloo: a pair could not connect, or its wait timed out
-        const bool late = store::Clock::now() >= deadline;
-        if (late) throw timedOut(std::string("Gloo could not connect every pair: ") + e.what());
-        throw sdk::Error(BP_ERROR_REMOTE,
-                         what + ": Gloo could not connect to a peer: " + e.what() +
-                             " (did a rank exit, or is an address unreachable? see "
-                             "BACKPLANE_GLOO_ADDRESS)");
-    }
-    try {
-        client->done(args.rank, args.size);
-    } catch (const std::exception &) { // NOLINT(bugprone-empty-catch): only lets the store forget
-    }
-    context->setTimeout(state->timeout);
-    state->context = std::move(context);
-    return std::unique_ptr<HostComm>(new HostComm(owner, std::move(state)));
+                                         const HostOptions &options, GlooLoader &gloo) {
+    const bp_host_gloo_api &api = gloo.require("comm_create");
+    const bp_host_gloo_settings settings = settingsOf(options);
+    bp_host_gloo_comm *joined = nullptr;
+    bp_error error = sdk::makeStruct<bp_error>();
+    check(api.comm_join(&args, &settings, &joined, &error), error);
+    // Tasks still queued hold the membership; the last one to drop it closes the connections.
+    std::shared_ptr<bp_host_gloo_comm> comm(joined, api.comm_release);
+    return std::unique_ptr<HostComm>(new HostComm(owner, api, std::move(comm)));
 }
 
 void HostComm::record(HostStream &stream, const bp_collective_args &args, const MemoryLookup &own) {
-    State &state = *state_;
-    Call call;
+    bp_host_gloo_call call{};
+    call.struct_size = sizeof(call);
     call.op = sdk::rawValue(args.op);
     call.type = sdk::rawValue(args.type);
     call.reduce = sdk::rawValue(args.reduce);
@@ -594,13 +63,13 @@ void HostComm::record(HostStream &stream, const bp_collective_args &args, const 
     const std::string what = std::string("collective ") + collectiveName(call.op);
     if (call.op > BP_COLLECTIVE_RECV)
         invalid("collective: op " + std::to_string(call.op) + " is not a bp_collective");
-    call.elementSize = sdk::dataTypeSize(args.type);
-    if (call.elementSize == 0)
+    call.element_size = sdk::dataTypeSize(args.type);
+    if (call.element_size == 0)
         invalid(what + ": type " + std::to_string(call.type) + " is not a bp_data_type");
     if (reduces(call.op) && call.reduce > BP_REDUCE_AVG)
         invalid(what + ": reduce " + std::to_string(call.reduce) + " is not a bp_reduce_op");
-    const uint32_t rank = state.rank;
-    const uint32_t size = state.size;
+    const uint32_t rank = rank_;
+    const uint32_t size = size_;
     if (hasPeer(call.op) && call.peer >= size)
         invalid(what + ": peer " + std::to_string(call.peer) + " is not a rank of this " +
                 std::to_string(size) + "-rank communicator");
@@ -610,9 +79,9 @@ void HostComm::record(HostStream &stream, const bp_collective_args &args, const 
 
     // Byte counts, overflow-checked: count elements, or count * size for the gathered side.
     const uint64_t maxBytes = std::numeric_limits<size_t>::max();
-    if (call.count > maxBytes / call.elementSize)
+    if (call.count > maxBytes / call.element_size)
         invalid(what + ": count " + std::to_string(call.count) + " overflows the byte count");
-    const uint64_t partBytes = call.count * call.elementSize;
+    const uint64_t partBytes = call.count * call.element_size;
     if (partBytes > maxBytes / size)
         invalid(what + ": count " + std::to_string(call.count) + " times " + std::to_string(size) +
                 " ranks overflows the byte count");
@@ -682,78 +151,40 @@ void HostComm::record(HostStream &stream, const bp_collective_args &args, const 
                     layout);
     }
 
-    {
-        std::lock_guard lock(state.mutex);
-        if (call.op == BP_COLLECTIVE_SEND)
-            call.tag = state.sent[call.peer]++;
-        else if (call.op == BP_COLLECTIVE_RECV)
-            call.tag = state.received[call.peer]++;
-        else
-            call.tag = state.nextTag++;
-    }
-    std::function<void()> task = [state = state_, call] { runCall(*state, call); };
+    call.tag = api_.comm_next_tag(comm_.get(), call.op, call.peer);
+    std::function<void()> task = [api = &api_, comm = comm_, call] {
+        bp_error error = sdk::makeStruct<bp_error>();
+        const bp_status status = api->comm_run(comm.get(), &call, &error);
+        if (status != BP_SUCCESS) throw sdk::Error(status, error.message);
+    };
     if (!deferToGroup(stream, task)) stream.submit(std::move(task));
 }
 
-CommIdMaker::CommIdMaker(const HostOptions &options, Log log)
-    : options_(options), log_(std::move(log)) {}
+// ---- CommIdMaker -----------------------------------------------------------------------------
 
-CommIdMaker::~CommIdMaker() = default;
+CommIdMaker::CommIdMaker(const HostOptions &options, GlooLoader &gloo, Log log)
+    : options_(options), gloo_(gloo), log_(std::move(log)) {}
+
+CommIdMaker::~CommIdMaker() {
+    if (ids_ != nullptr) gloo_.api()->ids_destroy(ids_);
+}
 
 std::vector<unsigned char> CommIdMaker::make() {
+    const bp_host_gloo_api &api = gloo_.require("comm_id_create");
     std::lock_guard lock(mutex_);
-    if (!store_) startStore();
-    CommId id;
-    id.nonce = randomNonce();
-    id.host = advertisedHost_;
-    id.port = store_->port();
-    store_->admit(id.nonce);
-    return encodeCommId(id);
-}
-
-void CommIdMaker::startStore() {
-    std::string source;
-    const std::string address = configuredAddress(options_, source);
-    if (!address.empty()) {
-        try {
-            store_ = std::make_unique<StoreServer>(address);
-        } catch (const std::exception &e) {
-            throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
-                             "comm_id_create: cannot start the rendezvous store on '" + address +
-                                 "' (from " + source + "): " + e.what() +
-                                 "; give an address of this machine that every rank reaches");
-        }
-        advertisedHost_ = address; // as given: a host name resolves on each rank's machine
-    } else {
-        if (const std::string named = hostNameAddress(); !named.empty()) {
-            try {
-                store_ = std::make_unique<StoreServer>(named);
-            } catch (const std::exception &e) {
-                log_(BP_LOG_WARN, std::string("collectives: the host name's address does not work "
-                                              "for the rendezvous store (") +
-                                      e.what() + "); using 127.0.0.1");
-            }
-        }
-        if (!store_) {
-            try {
-                store_ = std::make_unique<StoreServer>("127.0.0.1");
-            } catch (const std::exception &e) {
-                throw sdk::Error(BP_ERROR_INTERNAL,
-                                 std::string("comm_id_create: cannot start the rendezvous store "
-                                             "on 127.0.0.1: ") +
-                                     e.what());
-            }
-        }
-        advertisedHost_ = store_->host();
+    bp_error error = sdk::makeStruct<bp_error>();
+    if (ids_ == nullptr) {
+        const bp_host_gloo_settings settings = settingsOf(options_);
+        auto forward = [](void *user, bp_log_level level, const char *message) {
+            (*static_cast<Log *>(user))(level, message);
+        };
+        check(api.ids_create(&settings, forward, &log_, &ids_, &error), error);
     }
-    log_(BP_LOG_DEBUG, "collectives: rendezvous store listening on " +
-                           endpointText(store_->host(), store_->port()) + ", ids name " +
-                           endpointText(advertisedHost_, store_->port()));
-}
-
-std::string collectivesEngine() {
-    return "gloo " + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) +
-           "." + std::to_string(GLOO_VERSION_PATCH) + " (tcp)";
+    std::vector<unsigned char> id(BP_COMM_ID_MAX_BYTES);
+    size_t size = 0;
+    check(api.id_make(ids_, id.data(), id.size(), &size, &error), error);
+    id.resize(size);
+    return id;
 }
 
 } // namespace backplane::host

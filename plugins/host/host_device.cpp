@@ -1,9 +1,7 @@
 // One opened host device: storage, streams, transfers and host-dialect kernels.
 #include "host_device.hpp"
 
-#ifdef BACKPLANE_HOST_GLOO
 #include "host_comm.hpp"
-#endif
 
 #include <cerrno>
 #include <cstddef>
@@ -155,8 +153,10 @@ HostMemory::~HostMemory() {
 }
 
 HostDevice::HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
+                       std::shared_ptr<GlooLoader> gloo,
                        std::shared_ptr<std::atomic<uint64_t>> allocated)
-    : info_(info), plugin_(plugin), options_(options), async_(options.async),
+    : info_(info), plugin_(plugin), options_(options), gloo_(std::move(gloo)),
+      async_(options.async),
       allocated_(std::move(allocated)), allocatedBytes_(*allocated_), pool_(options.workers) {}
 
 HostDevice::~HostDevice() = default;
@@ -557,9 +557,8 @@ bool HostDevice::peerAccess(sdk::Device &src) {
     return source != nullptr && source->plugin_ == plugin_;
 }
 
-#ifdef BACKPLANE_HOST_GLOO
 std::unique_ptr<sdk::Comm> HostDevice::createComm(const bp_comm_create_args &args) {
-    return HostComm::join(this, args, options_);
+    return HostComm::join(this, args, options_, *gloo_);
 }
 
 void HostDevice::collective(sdk::Stream &stream, sdk::Comm &comm, const bp_collective_args &args) {
@@ -572,7 +571,6 @@ void HostDevice::collective(sdk::Stream &stream, sdk::Comm &comm, const bp_colle
         return &ownMemory(memory, what.c_str());
     });
 }
-#endif
 
 uint64_t HostDevice::nativeHandle(bp_native_kind kind, const void *object) {
     switch (kind) {

@@ -1,6 +1,7 @@
 // One opened host device: memory pages, streams, host-dialect kernels, in host memory and threads.
 #pragma once
 
+#include "gloo_loader.hpp"
 #include "host_options.hpp"
 #include "host_stream.hpp"
 #include "workgroup_pool.hpp"
@@ -83,11 +84,12 @@ class HostDevice final : public sdk::Device {
 public:
     /// `info` is what device_info reported; `plugin` identifies the plugin instance (compared,
     /// never dereferenced: devices of one instance are peers); `options` are the plugin's (the
-    /// collectives' addresses); `allocated` counts the bytes allocated on this device index,
+    /// collectives' addresses); `gloo` runs the collectives (shared with the plugin, which
+    /// loads it when first needed); `allocated` counts the bytes allocated on this device index,
     /// shared by every open of it, so that each open is an independent client while the
     /// "memory_bytes" budget holds for the device as a whole.
     HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
-               std::shared_ptr<std::atomic<uint64_t>> allocated);
+               std::shared_ptr<GlooLoader> gloo, std::shared_ptr<std::atomic<uint64_t>> allocated);
     ~HostDevice() override;
     HostDevice(const HostDevice &) = delete;
     HostDevice &operator=(const HostDevice &) = delete;
@@ -130,10 +132,9 @@ public:
     /// True for every host device of the same plugin instance (also this one): copy_peer works
     /// between them and their events are plain counters that any host stream can wait for.
     bool peerAccess(sdk::Device &src) override;
-#ifdef BACKPLANE_HOST_GLOO
+    /// Collectives run by the Gloo module; BP_ERROR_UNSUPPORTED, saying why, without it.
     std::unique_ptr<sdk::Comm> createComm(const bp_comm_create_args &args) override;
     void collective(sdk::Stream &stream, sdk::Comm &comm, const bp_collective_args &args) override;
-#endif
 
     /// Returns `bytes` to the allocation budget; called by ~HostMemory.
     void releaseBytes(uint64_t bytes) noexcept;
@@ -155,6 +156,7 @@ private:
     const bp_device_info info_;
     const void *plugin_;
     const HostOptions options_;
+    const std::shared_ptr<GlooLoader> gloo_;
     const bool async_;
     std::shared_ptr<std::atomic<uint64_t>> allocated_;
     std::atomic<uint64_t> &allocatedBytes_; ///< *allocated_

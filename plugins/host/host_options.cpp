@@ -43,6 +43,15 @@ std::string readName(const nlohmann::json &value, const std::string &key) {
     return text;
 }
 
+/// A file path: 1 to 4095 bytes, no NUL.
+std::string readPath(const nlohmann::json &value, const std::string &key) {
+    if (!value.is_string()) invalid("\"" + key + "\" must be a file path, not " + value.dump());
+    auto text = value.get<std::string>();
+    if (text.empty() || text.size() > 4095 || text.find('\0') != std::string::npos)
+        invalid("\"" + key + "\" must be a file path of 1 to 4095 bytes, not " + value.dump());
+    return text;
+}
+
 constexpr const char *kElementTypeNames[] = {"bool", "i8",  "u8",  "i16", "u16",
                                              "i32",  "u32", "i64", "u64", "f16",
                                              "bf16", "f32", "f64"};
@@ -83,9 +92,11 @@ void readCollectives(const nlohmann::json &value, HostOptions &options) {
             options.collectivesAddress = readName(item, "collectives.address");
         } else if (key == "interface") {
             options.collectivesInterface = readName(item, "collectives.interface");
+        } else if (key == "module") {
+            options.collectivesModule = readPath(item, "collectives.module");
         } else {
             invalid("unknown key \"collectives." + key +
-                    "\"; \"collectives\" knows \"address\" and \"interface\"");
+                    "\"; \"collectives\" knows \"address\", \"interface\" and \"module\"");
         }
     }
 }

@@ -24,6 +24,9 @@ struct HostOptions {
     /// "collectives": {"interface": "..."}: the network interface Gloo's TCP device binds to
     /// (overrides the address for Gloo's own connections); "" for none.
     std::string collectivesInterface;
+    /// "collectives": {"module": "..."}: the Gloo module's file (gloo_loader.hpp); "" for the
+    /// one next to the plugin. BACKPLANE_GLOO_MODULE overrides it.
+    std::string collectivesModule;
     /// "disable_types": ["f64", "i64", ...]: element types (bp_element_type's names: "bool",
     /// "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64") cleared
     /// from every kernel-feature mask, to fake a smaller device; bool, i32, u32 and f32 cannot

@@ -1,11 +1,9 @@
 // The host plugin: CPU threads as streams, counters as events, host memory, native kernels.
+#include "comm_group.hpp"
+#include "gloo_loader.hpp"
+#include "host_comm.hpp"
 #include "host_device.hpp"
 #include "host_options.hpp"
-
-#ifdef BACKPLANE_HOST_GLOO
-#include "comm_group.hpp"
-#include "host_comm.hpp"
-#endif
 
 #include <backplane/abi/plugin_sdk.hpp>
 
@@ -62,8 +60,11 @@ public:
     static constexpr const char *kName = "host";
     static constexpr const char *kVersion = "1.0.0";
 
+    // Cheap: parses the options and reads /proc/cpuinfo; the Gloo module is loaded by the first
+    // device_info or collective call (gloo_loader.hpp).
     explicit HostPlugin(const bp_plugin_init_args &args)
-        : Plugin(args), options_(parseHostOptions(optionsJson())) {
+        : Plugin(args), options_(parseHostOptions(optionsJson())),
+          gloo_(std::make_shared<GlooLoader>(options_.collectivesModule)) {
         for (uint32_t i = 0; i < options_.devices; ++i)
             allocated_.push_back(std::make_shared<std::atomic<uint64_t>>(0));
         if (options_.workers == 0)
@@ -84,6 +85,10 @@ public:
     bp_device_info deviceInfo(uint32_t index) override {
         checkIndex(index, "device_info");
         bp_device_info info = info_;
+        // Collectives need the Gloo module and libgloo; without them only the capability is
+        // off, and the reason is what `backplane devices` shows.
+        if (gloo_->api() != nullptr) info.capabilities |= BP_CAPABILITY_COLLECTIVES;
+        sdk::copyString(info.collectives, gloo_->status());
         std::copy(std::begin(kUuidNamespace), std::end(kUuidNamespace), info.uuid);
         for (int b = 0; b < 4; ++b)
             info.uuid[12 + b] = static_cast<uint8_t>(index >> (24 - 8 * b));
@@ -100,19 +105,19 @@ public:
                                  std::to_string(args.flags));
         // Every open is an independent client of the device (as on Vulkan and CUDA); the
         // memory budget is the device's, shared by its opens.
-        return std::make_unique<HostDevice>(deviceInfo(index), this, options_, allocated_[index]);
+        return std::make_unique<HostDevice>(deviceInfo(index), this, options_, gloo_,
+                                            allocated_[index]);
     }
 
-#ifdef BACKPLANE_HOST_GLOO
     std::vector<unsigned char> createCommId() override { return commIds_.make(); }
 
     void commGroup(bool begin) override {
+        gloo_->require(begin ? "comm_group(begin)" : "comm_group(end)");
         if (begin)
             beginCommGroup();
         else
             endCommGroup();
     }
-#endif
 
 private:
     void checkIndex(uint32_t index, const char *operation) const {
@@ -149,12 +154,6 @@ private:
         info.capabilities = BP_CAPABILITY_TIMESTAMPS | BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY |
                             BP_CAPABILITY_INDIRECT_DISPATCH | BP_CAPABILITY_PEER_COPY;
         if (options_.async) info.capabilities |= BP_CAPABILITY_ASYNC_STREAMS;
-#ifdef BACKPLANE_HOST_GLOO
-        info.capabilities |= BP_CAPABILITY_COLLECTIVES;
-        sdk::copyString(info.collectives, collectivesEngine());
-#else
-        sdk::copyString(info.collectives, "built without Gloo (libgloo-dev)");
-#endif
         describeKernelFeatures(info);
         return info;
     }
@@ -199,13 +198,13 @@ private:
     }
 
     HostOptions options_;
+    std::shared_ptr<GlooLoader> gloo_;
     bp_device_info info_{};
     /// Bytes allocated per device index, shared by every open of it (immutable list).
     std::vector<std::shared_ptr<std::atomic<uint64_t>>> allocated_;
-#ifdef BACKPLANE_HOST_GLOO
-    CommIdMaker commIds_{
-        options_, [this](bp_log_level level, const std::string &message) { log(level, message); }};
-#endif
+    CommIdMaker commIds_{options_, *gloo_, [this](bp_log_level level, const std::string &message) {
+                             log(level, message);
+                         }};
 };
 
 } // namespace backplane::host

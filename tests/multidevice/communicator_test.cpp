@@ -39,8 +39,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<ComputeClient> openHostDevices(uint32_t count) {
-    const std::string options = R"({"mode":"async","devices":)" + std::to_string(count) +
+std::vector<ComputeClient> openHostDevices(uint32_t count, const std::string &mode = "async") {
+    const std::string options = R"({"mode":")" + mode + R"(","devices":)" + std::to_string(count) +
                                 R"(,"collectives":{"address":"127.0.0.1"}})";
     auto plugin = detail::PluginLibrary::open(HOST_PLUGIN_PATH, "host",
                                               {.cacheDir = "", .optionsJson = options});
@@ -275,6 +275,26 @@ TEST_CASE("four host devices in one process all-reduce every type and reduction 
     CHECK(comm.size() == 4);
     CHECK(!comm.staged());
     CHECK(comm.engine().find("gloo") != std::string::npos);
+    checkEveryOperation(comm, devices);
+}
+
+TEST_CASE("on sync-mode host devices the reported collectives engine is the one that runs") {
+    // The core runs plugin collectives only on asynchronous streams: what a device reports
+    // (DeviceInfo, and so `backplane devices`) must say so instead of naming Gloo.
+    std::vector<ComputeClient> devices = openHostDevices(2, "sync");
+    const DeviceInfo &info = devices[0].device();
+    REQUIRE((info.capabilities & BP_CAPABILITY_ASYNC_STREAMS) == 0);
+    auto rendezvous = localRendezvous();
+    Communicator comm = Communicator::create(devices, *rendezvous);
+    INFO("reported: " << info.collectives << "; runs: " << comm.engine());
+    if ((info.capabilities & BP_CAPABILITY_COLLECTIVES) != 0) {
+        CHECK_FALSE(comm.staged());
+        CHECK(comm.engine() == info.collectives);
+    } else {
+        CHECK(comm.staged());
+        CHECK(info.collectives.find("staged") != std::string::npos);
+        CHECK(info.collectives.find("synchronous") != std::string::npos);
+    }
     checkEveryOperation(comm, devices);
 }
 

@@ -132,8 +132,22 @@ struct Config {
 Config loadConfig();
 
 /// Reads one file (no environment overrides). Throws Error(Config) as above; unknown keys are
-/// errors too (they are usually typos), with the list of known keys at that level.
+/// errors too (they are usually typos), with the list of known keys at that level. A file with
+/// several errors names them all in one Error, one a line.
 Config readConfigFile(const std::filesystem::path &file);
+
+/// What checkConfigFile found in one file.
+struct ConfigCheck {
+    /// The settings the file gives, each bad value left at its default.
+    Config config;
+    /// Every error of the file, in file order, each "FILE: /json/pointer: what".
+    std::vector<std::string> errors;
+};
+
+/// Reads one file like readConfigFile but does not stop at the first error: returns them all
+/// (what `backplane config check` reports). Throws Error(Config) only when the file cannot be
+/// read or is not JSON (nothing further can be checked then).
+ConfigCheck checkConfigFile(const std::filesystem::path &file);
 
 /// Applies BACKPLANE_* environment overrides to `config`. Throws Error(Config) naming the
 /// variable on a bad value.

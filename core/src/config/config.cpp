@@ -16,6 +16,9 @@
 #include <initializer_list>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 namespace backplane {
 namespace {
@@ -63,10 +66,15 @@ void validateLogSpec(const std::string &spec) {
     restore();
 }
 
-/// Walks one parsed file; every error names the file and the JSON pointer of the bad value.
+/// Walks one parsed file; every error names the file and the JSON pointer of the bad value. An
+/// error in one value does not stop the walk: read() collects every error (errors()), leaving
+/// each bad value at its default.
 class FileReader {
 public:
     explicit FileReader(fs::path file) : file_(std::move(file)), dir_(file_.parent_path()) {}
+
+    /// Every error read() found, in file order.
+    const std::vector<std::string> &errors() const noexcept { return errors_; }
 
     [[noreturn]] void fail(const std::string &pointer, const std::string &what) const {
         throw Error(ErrorCode::Config, file_.string() + ": " + (pointer.empty() ? "/" : pointer) +
@@ -78,7 +86,18 @@ public:
         fail(pointer, "expected " + expected + ", got " + value.type_name());
     }
 
-    /// Fails on any key of `object` not in `known`, listing the known ones.
+    /// Runs one read of a value (or of a section); its Error(Config) is recorded and the walk
+    /// goes on.
+    template <class F> void attempt(F &&read) const {
+        try {
+            read();
+        } catch (const Error &e) {
+            if (e.code() != ErrorCode::Config) throw;
+            errors_.emplace_back(e.what());
+        }
+    }
+
+    /// Records an error for every key of `object` not in `known`, listing the known ones.
     void checkKeys(const Json &object, const std::string &pointer,
                    std::initializer_list<const char *> known) const {
         for (const auto &[key, value] : object.items()) {
@@ -87,7 +106,10 @@ public:
             if (found) continue;
             std::string list;
             for (const char *k : known) list += std::string(list.empty() ? "" : ", ") + k;
-            fail(pointer + "/" + detail::pointerToken(key), "unknown key '" + key + "' (known keys here: " + list + ")");
+            attempt([&] {
+                fail(pointer + "/" + detail::pointerToken(key),
+                     "unknown key '" + key + "' (known keys here: " + list + ")");
+            });
         }
     }
 
@@ -137,142 +159,181 @@ public:
         c.source = file_;
         object(root, "");
         checkKeys(root, "", {"devices", "plugins", "streams", "memory", "cache", "autotune", "log"});
-        if (root.contains("devices")) readDevices(object(root["devices"], "/devices"), c);
-        if (root.contains("plugins")) readPlugins(object(root["plugins"], "/plugins"), c);
-        if (root.contains("streams")) readStreams(object(root["streams"], "/streams"), c);
-        if (root.contains("memory")) {
-            const Json &m = object(root["memory"], "/memory");
-            checkKeys(m, "/memory",
-                      {"staging_chunk_bytes", "staging_limit_bytes", "staging_ring_depth",
-                       "staging_copy_threads", "staging_streaming_stores", "max_page_bytes",
-                       "slice_cache", "release_idle_after_ms"});
-            if (m.contains("staging_chunk_bytes"))
-                c.stagingChunkBytes = unsignedInt(m["staging_chunk_bytes"],
-                                                  "/memory/staging_chunk_bytes", 4096,
-                                                  std::numeric_limits<uint64_t>::max());
-            if (m.contains("staging_limit_bytes"))
-                c.stagingLimitBytes = unsignedInt(m["staging_limit_bytes"],
-                                                  "/memory/staging_limit_bytes", 0,
-                                                  std::numeric_limits<uint64_t>::max());
-            if (m.contains("staging_ring_depth"))
-                c.stagingRingDepth = static_cast<uint32_t>(
-                    unsignedInt(m["staging_ring_depth"], "/memory/staging_ring_depth", 1, 16));
-            if (m.contains("staging_copy_threads"))
-                c.stagingCopyThreads = static_cast<uint32_t>(
-                    unsignedInt(m["staging_copy_threads"], "/memory/staging_copy_threads", 0, 64));
-            if (m.contains("staging_streaming_stores"))
-                c.stagingStreamingStores =
-                    boolean(m["staging_streaming_stores"], "/memory/staging_streaming_stores");
-            if (m.contains("slice_cache"))
-                c.sliceCache = boolean(m["slice_cache"], "/memory/slice_cache");
-            if (m.contains("max_page_bytes"))
-                c.maxPageBytes = unsignedInt(m["max_page_bytes"], "/memory/max_page_bytes", 0,
-                                             std::numeric_limits<uint64_t>::max());
-            if (m.contains("release_idle_after_ms"))
-                c.releaseIdleAfterMs = static_cast<uint32_t>(
-                    unsignedInt(m["release_idle_after_ms"], "/memory/release_idle_after_ms", 0,
-                                std::numeric_limits<uint32_t>::max()));
-        }
+        if (root.contains("devices"))
+            attempt([&] { readDevices(object(root["devices"], "/devices"), c); });
+        if (root.contains("plugins"))
+            attempt([&] { readPlugins(object(root["plugins"], "/plugins"), c); });
+        if (root.contains("streams"))
+            attempt([&] { readStreams(object(root["streams"], "/streams"), c); });
+        if (root.contains("memory"))
+            attempt([&] { readMemory(object(root["memory"], "/memory"), c); });
         if (root.contains("cache")) {
-            const Json &m = object(root["cache"], "/cache");
-            checkKeys(m, "/cache", {"dir", "enabled"});
-            if (m.contains("dir")) c.cacheDir = path(m["dir"], "/cache/dir");
-            if (m.contains("enabled")) c.cacheEnabled = boolean(m["enabled"], "/cache/enabled");
+            attempt([&] {
+                const Json &m = object(root["cache"], "/cache");
+                checkKeys(m, "/cache", {"dir", "enabled"});
+                if (m.contains("dir")) attempt([&] { c.cacheDir = path(m["dir"], "/cache/dir"); });
+                if (m.contains("enabled"))
+                    attempt([&] { c.cacheEnabled = boolean(m["enabled"], "/cache/enabled"); });
+            });
         }
         if (root.contains("autotune")) {
-            const Json &m = object(root["autotune"], "/autotune");
-            checkKeys(m, "/autotune", {"level"});
-            if (m.contains("level")) {
+            attempt([&] {
+                const Json &m = object(root["autotune"], "/autotune");
+                checkKeys(m, "/autotune", {"level"});
+                if (!m.contains("level")) return;
                 const std::string text = string(m["level"], "/autotune/level");
                 const auto level = parseTuneLevel(text);
                 if (!level)
                     fail("/autotune/level", "unknown level '" + text +
                                                 "' (use off, minimal, balanced, extensive or full)");
                 c.tuneLevel = *level;
-            }
+            });
         }
         if (root.contains("log")) {
-            c.logSpec = string(root["log"], "/log");
-            try {
-                validateLogSpec(c.logSpec);
-            } catch (const Error &e) {
-                fail("/log", e.what());
-            }
+            attempt([&] {
+                const std::string spec = string(root["log"], "/log");
+                try {
+                    validateLogSpec(spec);
+                } catch (const Error &e) {
+                    fail("/log", e.what());
+                }
+                c.logSpec = spec;
+            });
         }
         return c;
     }
 
 private:
+    void readMemory(const Json &m, Config &c) const {
+        checkKeys(m, "/memory",
+                  {"staging_chunk_bytes", "staging_limit_bytes", "staging_ring_depth",
+                   "staging_copy_threads", "staging_streaming_stores", "max_page_bytes",
+                   "slice_cache", "release_idle_after_ms"});
+        constexpr uint64_t kAny = std::numeric_limits<uint64_t>::max();
+        auto count = [&](const char *key, auto &out, uint64_t min, uint64_t max) {
+            if (!m.contains(key)) return;
+            attempt([&] {
+                out = static_cast<std::remove_reference_t<decltype(out)>>(
+                    unsignedInt(m[key], std::string("/memory/") + key, min, max));
+            });
+        };
+        auto flag = [&](const char *key, bool &out) {
+            if (m.contains(key))
+                attempt([&] { out = boolean(m[key], std::string("/memory/") + key); });
+        };
+        count("staging_chunk_bytes", c.stagingChunkBytes, 4096, kAny);
+        count("staging_limit_bytes", c.stagingLimitBytes, 0, kAny);
+        count("staging_ring_depth", c.stagingRingDepth, 1, 16);
+        count("staging_copy_threads", c.stagingCopyThreads, 0, 64);
+        flag("staging_streaming_stores", c.stagingStreamingStores);
+        flag("slice_cache", c.sliceCache);
+        count("max_page_bytes", c.maxPageBytes, 0, kAny);
+        count("release_idle_after_ms", c.releaseIdleAfterMs, 0,
+              std::numeric_limits<uint32_t>::max());
+    }
+
     void readDevices(const Json &d, Config &c) const {
         checkKeys(d, "/devices", {"prefer", "required", "backend_priority"});
         if (d.contains("prefer")) {
-            c.devicePreference = strings(d["prefer"], "/devices/prefer");
-            c.devicePreferenceSource = file_.string();
-            for (size_t i = 0; i < c.devicePreference.size(); ++i) {
-                try {
-                    detail::parseSelector(c.devicePreference[i]);
-                } catch (const Error &e) {
-                    fail("/devices/prefer/" + std::to_string(i), e.what());
+            attempt([&] {
+                const std::vector<std::string> prefer = strings(d["prefer"], "/devices/prefer");
+                for (size_t i = 0; i < prefer.size(); ++i) {
+                    attempt([&] {
+                        try {
+                            detail::parseSelector(prefer[i]);
+                        } catch (const Error &e) {
+                            fail("/devices/prefer/" + std::to_string(i), e.what());
+                        }
+                        c.devicePreference.push_back(prefer[i]);
+                    });
                 }
-            }
+                c.devicePreferenceSource = file_.string();
+            });
         }
-        if (d.contains("required")) c.deviceRequired = boolean(d["required"], "/devices/required");
+        if (d.contains("required"))
+            attempt([&] { c.deviceRequired = boolean(d["required"], "/devices/required"); });
         if (d.contains("backend_priority"))
-            c.backendPriority = strings(d["backend_priority"], "/devices/backend_priority");
+            attempt([&] {
+                c.backendPriority = strings(d["backend_priority"], "/devices/backend_priority");
+            });
     }
 
     void readPlugins(const Json &p, Config &c) const {
         checkKeys(p, "/plugins",
                   {"paths", "enable", "disable", "options", "probe", "probe_timeout_ms"});
         if (p.contains("probe")) {
-            const std::string text = string(p["probe"], "/plugins/probe");
-            const auto mode = parseProbeMode(text);
-            if (!mode)
-                fail("/plugins/probe", "unknown probe mode '" + text +
-                                           "' (use isolated or in_process)");
-            c.probeMode = *mode;
+            attempt([&] {
+                const std::string text = string(p["probe"], "/plugins/probe");
+                const auto mode = parseProbeMode(text);
+                if (!mode)
+                    fail("/plugins/probe", "unknown probe mode '" + text +
+                                               "' (use isolated or in_process)");
+                c.probeMode = *mode;
+            });
         }
         if (p.contains("probe_timeout_ms"))
-            c.probeTimeoutMs = static_cast<uint32_t>(
-                unsignedInt(p["probe_timeout_ms"], "/plugins/probe_timeout_ms", 100, 600000));
+            attempt([&] {
+                c.probeTimeoutMs = static_cast<uint32_t>(
+                    unsignedInt(p["probe_timeout_ms"], "/plugins/probe_timeout_ms", 100, 600000));
+            });
         if (p.contains("paths")) {
-            const Json &paths = p["paths"];
-            if (!paths.is_array()) wrongType(paths, "/plugins/paths", "an array of strings");
-            for (size_t i = 0; i < paths.size(); ++i)
-                c.pluginPaths.push_back(path(paths[i], "/plugins/paths/" + std::to_string(i)));
+            attempt([&] {
+                const Json &paths = p["paths"];
+                if (!paths.is_array()) wrongType(paths, "/plugins/paths", "an array of strings");
+                for (size_t i = 0; i < paths.size(); ++i)
+                    attempt([&] {
+                        c.pluginPaths.push_back(
+                            path(paths[i], "/plugins/paths/" + std::to_string(i)));
+                    });
+            });
         }
-        if (p.contains("enable")) c.pluginEnable = strings(p["enable"], "/plugins/enable");
-        if (p.contains("disable")) c.pluginDisable = strings(p["disable"], "/plugins/disable");
+        if (p.contains("enable"))
+            attempt([&] { c.pluginEnable = strings(p["enable"], "/plugins/enable"); });
+        if (p.contains("disable"))
+            attempt([&] { c.pluginDisable = strings(p["disable"], "/plugins/disable"); });
         if (p.contains("options")) {
-            const Json &options = object(p["options"], "/plugins/options");
-            for (const auto &[name, value] : options.items())
-                c.pluginOptions[name] =
-                    detail::dumpJson(object(value, "/plugins/options/" + detail::pointerToken(name)));
+            attempt([&] {
+                const Json &options = object(p["options"], "/plugins/options");
+                for (const auto &[name, value] : options.items())
+                    attempt([&] {
+                        c.pluginOptions[name] = detail::dumpJson(
+                            object(value, "/plugins/options/" + detail::pointerToken(name)));
+                    });
+            });
         }
     }
 
     void readStreams(const Json &s, Config &c) const {
         checkKeys(s, "/streams", {"max_streams", "scheduler", "max_tasks", "native_recordings"});
         if (s.contains("max_streams"))
-            c.maxStreams = static_cast<uint32_t>(
-                unsignedInt(s["max_streams"], "/streams/max_streams", 1, 65536));
+            attempt([&] {
+                c.maxStreams = static_cast<uint32_t>(
+                    unsignedInt(s["max_streams"], "/streams/max_streams", 1, 65536));
+            });
         if (s.contains("scheduler")) {
-            const std::string text = string(s["scheduler"], "/streams/scheduler");
-            const auto mode = parseScheduler(text);
-            if (!mode)
-                fail("/streams/scheduler",
-                     "unknown scheduler '" + text + "' (use interleave or sequential)");
-            c.schedulerMode = *mode;
+            attempt([&] {
+                const std::string text = string(s["scheduler"], "/streams/scheduler");
+                const auto mode = parseScheduler(text);
+                if (!mode)
+                    fail("/streams/scheduler",
+                         "unknown scheduler '" + text + "' (use interleave or sequential)");
+                c.schedulerMode = *mode;
+            });
         }
         if (s.contains("max_tasks"))
-            c.schedulerMaxTasks = static_cast<uint32_t>(
-                unsignedInt(s["max_tasks"], "/streams/max_tasks", 1, 1u << 20));
+            attempt([&] {
+                c.schedulerMaxTasks = static_cast<uint32_t>(
+                    unsignedInt(s["max_tasks"], "/streams/max_tasks", 1, 1u << 20));
+            });
         if (s.contains("native_recordings"))
-            c.nativeRecordings = boolean(s["native_recordings"], "/streams/native_recordings");
+            attempt([&] {
+                c.nativeRecordings = boolean(s["native_recordings"], "/streams/native_recordings");
+            });
     }
 
     fs::path file_;
     fs::path dir_;
+    mutable std::vector<std::string> errors_;
 };
 
 std::optional<std::string> environment(const char *name) {
@@ -309,14 +370,35 @@ const char *toString(TuneLevel level) noexcept {
 
 namespace detail {
 
+/// Error(Config) with every error, one a line (the first alone reads as before).
+void throwErrors(const std::vector<std::string> &errors) {
+    if (errors.empty()) return;
+    std::string text;
+    for (const std::string &e : errors) text += (text.empty() ? "" : "\n") + e;
+    throw Error(ErrorCode::Config, text);
+}
+
 Config parseConfigText(std::string_view text, const fs::path &origin) {
-    return FileReader(origin).read(parseJson(text, origin.string(), kConfigJsonLimits));
+    const FileReader reader(origin);
+    Config config = reader.read(parseJson(text, origin.string(), kConfigJsonLimits));
+    throwErrors(reader.errors());
+    return config;
 }
 
 } // namespace detail
 
 Config readConfigFile(const fs::path &file) {
-    return FileReader(file).read(detail::readJsonFile(file, detail::kConfigJsonLimits));
+    ConfigCheck check = checkConfigFile(file);
+    detail::throwErrors(check.errors);
+    return std::move(check.config);
+}
+
+ConfigCheck checkConfigFile(const fs::path &file) {
+    const FileReader reader(file);
+    ConfigCheck check;
+    check.config = reader.read(detail::readJsonFile(file, detail::kConfigJsonLimits));
+    check.errors = reader.errors();
+    return check;
 }
 
 void applyEnvironment(Config &config) {

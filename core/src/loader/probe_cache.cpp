@@ -49,7 +49,9 @@ std::string driverEnvironment() {
     // search paths. A change in any of these may change a probe's answer.
     static constexpr const char *kPrefixes[] = {"CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_DEVICE_",
                                                 "VK_", "MESA_", "LP_", "GALLIUM_", "NVIDIA_",
-                                                "__NV", "ZE_", "LD_LIBRARY_PATH=", "LD_PRELOAD="};
+                                                "__NV", "ZE_", "LD_LIBRARY_PATH=", "LD_PRELOAD=",
+                                                // the plugins' own pointers at a vendor library
+                                                "BACKPLANE_GLOO_MODULE=", "BACKPLANE_NCCL_LIBRARY="};
     std::vector<std::string> relevant;
     for (char **e = environ; e != nullptr && *e != nullptr; ++e) {
         const std::string_view entry = *e;

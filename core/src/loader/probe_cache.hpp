@@ -42,7 +42,8 @@ std::string fileIdentity(const struct stat &st);
 inline constexpr int64_t kTimeoutRecordSeconds = 600;
 
 /// The environment variables that steer drivers (CUDA_*, HIP_*, ROCR_*, HSA_*, VK_*, MESA_*,
-/// NVIDIA_*, ZE_*, LD_LIBRARY_PATH, LD_PRELOAD...), sorted, one per line.
+/// NVIDIA_*, ZE_*, LD_LIBRARY_PATH, LD_PRELOAD, BACKPLANE_GLOO_MODULE, BACKPLANE_NCCL_LIBRARY...),
+/// sorted, one per line.
 std::string driverEnvironment();
 
 /// The cache key of `library` probed with `options`: its canonical path and fileIdentity, a

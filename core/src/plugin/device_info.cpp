@@ -204,6 +204,17 @@ DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_dev
     out.dialects = in.dialects;
     out.capabilities = in.capabilities;
     out.collectives = fixedString(in.collectives, sizeof(in.collectives));
+    // The core runs a plugin's collectives only on asynchronous streams (a collective blocks its
+    // stream until the peers arrive; the scheduler streams of a synchronous device would hold
+    // the engine up meanwhile), so a Communicator over such a device uses the staged engine.
+    // Report that, not the engine the plugin would run through its C ABI.
+    if ((out.capabilities & BP_CAPABILITY_COLLECTIVES) != 0 &&
+        (out.capabilities & BP_CAPABILITY_ASYNC_STREAMS) == 0) {
+        out.capabilities &= ~static_cast<uint32_t>(BP_CAPABILITY_COLLECTIVES);
+        out.collectives = "the plugin's " + out.collectives +
+                          " needs asynchronous streams and this device's are synchronous; a "
+                          "Communicator over it uses the staged engine";
+    }
     // ABI 1.4 appended the kernel features: a plugin whose struct ends before them gets what
     // ABI 1.3 kernels had (PluginLibrary::deviceInfo also cuts struct_size for tables < 1.4).
     out.features = in.struct_size >= kDeviceInfoSize14 ? kernelFeaturesOf(in)
