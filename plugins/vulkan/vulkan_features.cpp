@@ -215,7 +215,10 @@ void DeviceFeatures::describeMatrixShapes(const VulkanLibrary &library, VkInstan
                 }
         }
     }
-    if (khr && (khrStages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT)) {
+    // The kernel language prints GL_NV_cooperative_matrix (Debian 12's glslang has no
+    // GL_KHR_cooperative_matrix): a device with only the KHR extension reports no shapes, so
+    // kernels with matrix units are refused there instead of failing to compile.
+    if (nv && khr && (khrStages.cooperativeMatrixSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT)) {
         const auto list = reinterpret_cast<ListKhr>(library.vkGetInstanceProcAddr(
             instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
         uint32_t count = 0;

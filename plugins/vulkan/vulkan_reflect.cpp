@@ -2,6 +2,7 @@
 // push-constant block it uses.
 #include "vulkan_reflect.hpp"
 
+#include <spirv-tools/libspirv.h>
 #include <spirv_cross_c.h>
 
 #include <algorithm>
@@ -49,6 +50,26 @@ std::string describe(spvc_compiler compiler, const spvc_reflected_resource &reso
            std::to_string(
                spvc_compiler_get_decoration(compiler, resource.id, SpvDecorationBinding)) +
            ")";
+}
+
+/// SPIRV-Tools' validator (Vulkan 1.3 rules) over a module before anything parses it: SPIRV-Cross
+/// and drivers assume valid SPIR-V (SPIRV-Cross's parser crashes on some invalid modules).
+/// Throws sdk::Error(BP_ERROR_INVALID_ARGUMENT) with the validator's message.
+void validate(const std::vector<uint32_t> &words, const std::string &what) {
+    spv_context context = spvContextCreate(SPV_ENV_VULKAN_1_3);
+    if (context == nullptr) throw sdk::Error(BP_ERROR_INTERNAL, what + ": spvContextCreate failed");
+    spv_validator_options options = spvValidatorOptionsCreate();
+    spv_const_binary_t binary{words.data(), words.size()};
+    spv_diagnostic diagnostic = nullptr;
+    const spv_result_t result = spvValidateWithOptions(context, options, &binary, &diagnostic);
+    std::string detail = diagnostic != nullptr && diagnostic->error != nullptr ? diagnostic->error : "";
+    spvDiagnosticDestroy(diagnostic);
+    spvValidatorOptionsDestroy(options);
+    spvContextDestroy(context);
+    if (result != SPV_SUCCESS)
+        throw sdk::Error(BP_ERROR_INVALID_ARGUMENT,
+                         what + ": the SPIR-V module is not valid (SPIRV-Tools: " +
+                             (detail.empty() ? "code " + std::to_string(result) : detail) + ")");
 }
 
 /// Whether a module's instructions tile it exactly and it declares the cooperative-matrix
@@ -184,13 +205,14 @@ ShaderInterface scanComputeShader(const std::vector<uint32_t> &words, const std:
         } else if (storage == 9) { // PushConstant
             if (!structs.count(block)) throw malformed("a push constant that is not a block");
             const std::vector<uint32_t> &members = structs[block];
-            uint32_t bytes = 0;
+            uint64_t bytes = 0;
             for (uint32_t m = 0; m < members.size(); ++m) {
                 const auto offset = memberOffset.find(uint64_t{block} << 32 | m);
                 if (offset == memberOffset.end()) throw malformed("a push-constant member without an offset");
-                bytes = std::max(bytes, offset->second + bytesOf(members[m]));
+                bytes = std::max(bytes, uint64_t{offset->second} + bytesOf(members[m]));
             }
-            shader.pushConstantBytes = std::max(shader.pushConstantBytes, bytes);
+            if (bytes > UINT32_MAX) throw malformed("a push-constant block past 4 GiB");
+            shader.pushConstantBytes = std::max(shader.pushConstantBytes, static_cast<uint32_t>(bytes));
         } else if (storage == 0 || storage == 2) { // UniformConstant (images, samplers), Uniform
             throw sdk::Error(BP_ERROR_UNSUPPORTED,
                              what + ": the shader uses a descriptor other than a storage buffer " +
@@ -218,6 +240,7 @@ ShaderInterface reflectComputeShader(const void *spirv, size_t size, const std::
     // The blob may be unaligned; SPIRV-Cross reads words.
     std::vector<SpvId> words(size / 4);
     std::memcpy(words.data(), spirv, words.size() * 4);
+    validate(std::vector<uint32_t>(words.begin(), words.end()), what);
     spvc_parsed_ir ir = nullptr;
     if (spvc_context_parse_spirv(raw, words.data(), words.size(), &ir) != SPVC_SUCCESS) {
         // Opcodes newer than this SPIRV-Cross (cooperative matrices): read the words directly.

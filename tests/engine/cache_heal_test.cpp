@@ -148,28 +148,26 @@ void rewriteEntry(const fs::path &dir, const KernelEntry &entry,
     REQUIRE(store.load(CacheKind::Kernels, entry.key) == payload);
 }
 
-/// `spirv` with the opcode of the first integer addition inside a function replaced by one no
-/// driver knows. SPIRV-Cross still reflects the module and vkCreateShaderModule takes it, so
-/// kernel_load succeeds; lavapipe's SPIR-V translation refuses it when the first launch builds
-/// the pipeline (vkCreateComputePipelines: VK_ERROR_UNKNOWN, a launch error).
+/// `spirv` declaring one more capability, SPV_NV_cooperative_matrix's, that lavapipe lacks: the
+/// module stays valid (SPIRV-Tools validates it at kernel_load, SPIRV-Cross reflects it,
+/// vkCreateShaderModule takes it), and lavapipe refuses it when the first launch builds the
+/// pipeline (vkCreateComputePipelines: VK_ERROR_UNKNOWN, a launch error).
 std::vector<unsigned char> failingAtLaunch(const std::vector<unsigned char> &spirv) {
-    constexpr uint32_t kOpFunction = 54, kOpIAdd = 128, kUnknownOp = 0x7ff0;
+    constexpr uint32_t kOpCapability = 17, kOpExtension = 10, kCooperativeMatrixNv = 5357;
     REQUIRE(spirv.size() % 4 == 0);
     std::vector<uint32_t> words(spirv.size() / 4);
     std::memcpy(words.data(), spirv.data(), spirv.size());
-    bool inFunction = false, patched = false;
-    for (size_t i = 5; i < words.size() && !patched;) {
-        const uint32_t opcode = words[i] & 0xffff, count = words[i] >> 16;
-        REQUIRE(count > 0);
-        inFunction = inFunction || opcode == kOpFunction;
-        if (inFunction && opcode == kOpIAdd) {
-            words[i] = (count << 16) | kUnknownOp;
-            patched = true;
-        }
-        i += count;
-    }
-    REQUIRE(patched);
-    std::vector<unsigned char> out(spirv.size());
+    // After the last OpCapability: the capability, then its extension (before the others).
+    size_t at = 5;
+    while (at < words.size() && (words[at] & 0xffff) == kOpCapability) at += words[at] >> 16;
+    const char name[] = "SPV_NV_cooperative_matrix"; // 25 characters + NUL: 7 words
+    std::vector<uint32_t> extension((sizeof(name) + 3) / 4, 0);
+    std::memcpy(extension.data(), name, sizeof(name));
+    std::vector<uint32_t> inserted = {(2u << 16) | kOpCapability, kCooperativeMatrixNv,
+                                      static_cast<uint32_t>((1 + extension.size()) << 16) | kOpExtension};
+    inserted.insert(inserted.end(), extension.begin(), extension.end());
+    words.insert(words.begin() + static_cast<std::ptrdiff_t>(at), inserted.begin(), inserted.end());
+    std::vector<unsigned char> out(words.size() * 4);
     std::memcpy(out.data(), words.data(), out.size());
     return out;
 }
@@ -417,7 +415,7 @@ int runTests(int argc, char **argv) {
         const char *path = std::getenv("BACKPLANE_VULKAN_PLUGIN");
         gPlugin = detail::PluginLibrary::open(path ? path : VULKAN_PLUGIN_PATH, "vulkan", {});
         const bp_probe_result probe = gPlugin->probe();
-        // The launch-time failure is lavapipe's SPIR-V translator refusing an unknown opcode;
+        // The launch-time failure is lavapipe refusing a capability it lacks (cooperative matrices);
         // another driver's response to such a module is not something to try.
         for (uint32_t i = 0; i < probe.device_count; ++i) {
             const DeviceInfo info = detail::toDeviceInfo("vulkan", i, gPlugin->deviceInfo(i));

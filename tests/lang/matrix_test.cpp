@@ -14,6 +14,9 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -460,4 +463,111 @@ TEST_CASE("vectors break the language's rules loudly at recording") {
                                           lang::storeVector(x, 2u, lang::Vector<float, 4>(Value<float>(1.0f)));
                                       }),
                          doctest::Contains("not a multiple of 4"), Error);
+}
+
+TEST_CASE("hostile SPIR-V with the cooperative-matrix capability is refused, never a crash") {
+    // Modules a reviewer built: garbage opcodes (SPIRV-Cross's parser crashed on it), truncated
+    // strings, an interface that omits the buffers it uses, a 2^32-byte push-constant offset,
+    // a 2^31-bit integer. Every one gets an Error from kernel_load or the launch.
+    std::vector<std::filesystem::path> files;
+    for (const auto &entry : std::filesystem::directory_iterator(SPIRV_DIR)) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    REQUIRE(files.size() >= 6);
+    for (ComputeClient &client : clients()) {
+        if (!client.device().accepts(Dialect::Spirv)) continue;
+        for (const std::filesystem::path &file : files) {
+            CAPTURE(file.filename().string());
+            std::ifstream in(file, std::ios::binary);
+            KernelVariant variant;
+            variant.dialect = Dialect::Spirv;
+            variant.entryPoint = "main";
+            variant.source.assign(std::istreambuf_iterator<char>(in), {});
+            KernelSource kernel;
+            kernel.name = "hostile_spirv";
+            kernel.variants.push_back(variant);
+            Buffer buffer = client.createFrom<float>(std::vector<float>(1024, 0.0f));
+            Dispatch d;
+            d.grid = {1};
+            d.block = {1};
+            d.bindings = {buffer, buffer, buffer};
+            d.scalar(1u).scalar(2u).scalar(3u);
+            CHECK_THROWS_AS(client.execute(kernel, d), Error);
+        }
+        // The device still works afterwards.
+        Buffer ok = client.createFrom<float>(std::vector<float>{1.0f, 2.0f});
+        CHECK(client.readAs<float>(ok) == std::vector<float>{1.0f, 2.0f});
+    }
+}
+
+TEST_CASE("review findings: kernels with only B or accumulator fragments are refused too; "
+          "vectors of the wrong size; checked vectors at the top of the u32 range; bad tiles") {
+    // B-only and accumulator-only kernels need the matrix units as much as A does.
+    const lang::Kernel accOnly = lang::kernel("mu_acc_only", [](lang::Builder &k) {
+        auto c = k.inout<float>();
+        auto acc = k.accumulator<float>();
+        acc.load(c, 0u, 16u);
+        acc.store(c, 0u, 16u);
+    });
+    const lang::Kernel bOnly = lang::kernel("mu_b_only", [](lang::Builder &k) {
+        auto b = k.input<lang::bf16>();
+        k.matrixB<lang::bf16>().load(b, 0u, 16u);
+    });
+    KernelFeatures none = clients().front().device().features; // host: every type
+    none.matrixShapes.clear();
+    CHECK(accOnly.missingOn(none) == "matrix units of 16x16x16 (an f32 accumulator)");
+    CHECK(bOnly.missingOn(none) == "matrix units of 16x16x16 bf16*bf16+f32");
+    const Runtime small = makeRuntime(R"({"matrix_units": false})");
+    ComputeClient host = small.open(small.select("host:0"));
+    Buffer c = host.createFrom<float>(std::vector<float>(256, 4.0f));
+    Dispatch d;
+    d.grid = {1};
+    d.block = {1};
+    d.bindings = {c};
+    CHECK_THROWS_WITH_AS(host.execute(accOnly, d), doctest::Contains("an f32 accumulator"), Error);
+
+    // A Vector is exactly N values.
+    CHECK_THROWS_AS(lang::kernel("vec_parts", [](lang::Builder &k) {
+        auto x = k.input<float>();
+        (void)lang::Vector<float, 4>(std::vector<Value<float>>{x[0u]});
+    }), Error);
+
+    // Checked: a vector at 0xfffffffe has no element inside an 8-element buffer (its parts do
+    // not wrap to elements 0 and 1).
+    const lang::Kernel top = lang::kernel("vec_top", [](lang::Builder &k) {
+        auto x = k.inout<float>();
+        auto at = k.scalar<uint32_t>();
+        const lang::Vector<float, 4> v = lang::loadVector<4>(x, at);
+        lang::storeVector(x, at, v + Value<float>(5.0f));
+    }, {.checked = true});
+    for (ComputeClient &client : clients()) {
+        CAPTURE(client.device().id());
+        Buffer x = client.createFrom<float>(std::vector<float>(8, 1.0f));
+        Dispatch t;
+        t.grid = {1};
+        t.block = {1};
+        t.bindings = {x};
+        t.scalar(0xfffffffeu);
+        client.execute(top, t);
+        CHECK(client.readAs<float>(x) == std::vector<float>(8, 1.0f));
+    }
+
+    // Tiles that do not divide into 16 x 16 accumulators per subgroup are refused.
+    CHECK_THROWS_AS(kernels::matmulMatrixUnits<lang::bf16>({48, 32, 16, 2, 1}), Error);
+    CHECK_THROWS_AS(kernels::matmulMatrixUnits<lang::bf16>({32, 32, 24, 1, 2}), Error);
+}
+
+TEST_CASE("matrix kernels need workgroups of whole subgroups") {
+    const lang::Kernel kernel = tileKernel<lang::f16>({16, 16, 16}, Layout::RowMajor,
+                                                      Layout::RowMajor, false, false);
+    for (ComputeClient &client : clients()) {
+        CAPTURE(client.device().id());
+        const uint32_t width = client.device().subgroupSize;
+        if (width <= 1 || !kernel.missingOn(client.device().features).empty()) continue;
+        Buffer a = client.empty(1024), b = client.empty(1024), c = client.empty(1024);
+        Dispatch d;
+        d.grid = {1};
+        d.block = {width / 2};
+        d.bindings = {a, b, c};
+        CHECK_THROWS_WITH_AS(client.execute(kernel, d), doctest::Contains("whole subgroups"), Error);
+    }
 }

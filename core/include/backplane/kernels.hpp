@@ -213,6 +213,11 @@ struct MatrixMatmulTiles {
 template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) {
     constexpr lang::Type input = lang::typeOf<T>();
     tiles.vector = std::min<uint32_t>(tiles.vector, 16 / sizeof(T));
+    if (!tiles.valid(std::is_same_v<T, float> ? 8 : 16))
+        throw Error(ErrorCode::InvalidArgument,
+                    "kernels::matmulMatrixUnits: tiles " + tiles.name(input) +
+                        " do not divide into 16 x 16 accumulators per subgroup and K steps of the "
+                        "matrix tile (MatrixMatmulTiles::valid)");
     return lang::kernel(tiles.name(input), [tiles](lang::Builder &k) {
         using lang::Value;
         const lang::MatrixTile tile{16, 16, std::is_same_v<T, float> ? 8u : 16u};

@@ -1,6 +1,7 @@
 // The kernel language: a kernel written once in C++, recorded to IR, generated for every dialect.
 #pragma once
 
+#include <backplane/error.hpp>
 #include <backplane/kernel.hpp>
 
 #include <cstdint>
@@ -413,7 +414,13 @@ template <class T, uint32_t N> class Vector {
     static_assert(isElementType<T> && N * sizeof(T) <= 16, "vectors are at most 16 bytes");
 
 public:
-    explicit Vector(std::vector<Value<T>> parts) : parts_(std::move(parts)) {}
+    /// Throws Error(InvalidArgument) unless there are N parts.
+    explicit Vector(std::vector<Value<T>> parts) : parts_(std::move(parts)) {
+        if (parts_.size() != N)
+            throw Error(ErrorCode::InvalidArgument,
+                        "a lang::Vector of " + std::to_string(N) + " elements built from " +
+                            std::to_string(parts_.size()) + " values");
+    }
     /// N copies of one value.
     explicit Vector(const Value<T> &all) : parts_(N, all) {}
     static constexpr uint32_t size() { return N; }
@@ -529,7 +536,8 @@ private:
 };
 
 /// d = a * b + c on the matrix units (d may be c). The products of the rounded inputs are exact
-/// and summed in f32 (the host sums exactly and rounds once; GPUs may round partial sums).
+/// and summed in f32: the host sums them in double and rounds once (exact unless the terms
+/// span more exponents than a double holds); GPUs may round partial sums.
 template <class In, class Acc>
 void mma(const Matrix<Acc, MatrixUse::Accumulator> &d, const Matrix<In, MatrixUse::A> &a,
          const Matrix<In, MatrixUse::B> &b, const Matrix<Acc, MatrixUse::Accumulator> &c) {

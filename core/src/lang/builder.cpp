@@ -724,6 +724,22 @@ void recordBarrier() {
     r.append(s);
 }
 
+namespace {
+
+/// index + i for each part, saturating at UINT32_MAX instead of wrapping: a part past the last
+/// u32 index is out of range (checked kernels skip it), never element 0.
+std::vector<Handle> partIndices(Handle index, uint32_t width) {
+    std::vector<Handle> indices = {index};
+    for (uint32_t i = 1; i < width; ++i) {
+        const Handle fits = binary(Op::Le, index, constant(Type::U32, UINT32_MAX - i));
+        const Handle sum = binary(Op::Add, index, constant(Type::U32, i));
+        indices.push_back(operation(Op::Select, Type::U32, fits, sum, constant(Type::U32, UINT32_MAX)));
+    }
+    return indices;
+}
+
+} // namespace
+
 std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_t width) {
     Recorder &r = current();
     if (width != 2 && width != 4 && width != 8) r.fail("vectors have 2, 4 or 8 elements");
@@ -736,9 +752,7 @@ std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_
         r.fail("a vector of " + std::to_string(width) + " at index " + std::to_string(n.imm) +
                ", not a multiple of " + std::to_string(width));
     // The parts' indices first, then the parts: consecutive statements, part 0 first.
-    std::vector<Handle> indices = {index};
-    for (uint32_t i = 1; i < width; ++i)
-        indices.push_back(binary(Op::Add, index, constant(Type::U32, i)));
+    const std::vector<Handle> indices = partIndices(index, width);
     std::vector<Handle> parts;
     for (uint32_t i = 0; i < width; ++i) {
         const Handle h = load(space, target, indices[i]);
@@ -763,9 +777,7 @@ void storeVector(Space space, Handle target, Handle index, const std::vector<Han
     if (const Node &n = r.module().nodes[first]; n.op == Op::Constant && n.imm % width != 0)
         r.fail("a vector of " + std::to_string(width) + " at index " + std::to_string(n.imm) +
                ", not a multiple of " + std::to_string(width));
-    std::vector<Handle> indices = {index};
-    for (uint32_t i = 1; i < width; ++i)
-        indices.push_back(binary(Op::Add, index, constant(Type::U32, i)));
+    const std::vector<Handle> indices = partIndices(index, width);
     for (uint32_t i = 0; i < width; ++i) {
         store(space, target, indices[i], parts[i]);
         Stmt &s = r.module().blocks[r.frames_.back().block].stmts.back();

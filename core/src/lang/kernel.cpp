@@ -124,20 +124,24 @@ std::string Kernel::missingOn(const KernelFeatures &features) const {
     for (uint32_t n : {2u, 4u, 8u})
         if ((m.vectorWidths >> n) & 1u && !features.loadsVectorsOf(n))
             return "vectors of " + std::to_string(n) + " elements";
-    // Matrix units: every A fragment's tile with its input type and an f32 accumulator.
-    for (const detail::MatrixDecl &d : m.matrices) {
-        if (d.use != MatrixUse::A) continue;
-        MatrixShape shape;
-        shape.m = static_cast<uint16_t>(d.m);
-        shape.n = static_cast<uint16_t>(d.n);
-        shape.k = static_cast<uint16_t>(d.k);
-        shape.a = shape.b = elementOf(d.type);
-        shape.c = ElementType::F32;
-        if (std::find(features.matrixShapes.begin(), features.matrixShapes.end(), shape) ==
-            features.matrixShapes.end())
-            return "matrix units of " + std::to_string(d.m) + "x" + std::to_string(d.n) + "x" +
-                   std::to_string(d.k) + " " + toString(d.type) + "*" + toString(d.type) +
-                   "+f32" + (d.type == Type::F32 ? " (tf32)" : "");
+    // Matrix units: every fragment's tile with its input type (A, B) or any input type with an
+    // f32 accumulator (accumulators).
+    std::vector<detail::MatrixDecl> decls = m.matrices; // inputs first: they name the type
+    std::stable_partition(decls.begin(), decls.end(), [](const detail::MatrixDecl &d) {
+        return d.use != MatrixUse::Accumulator;
+    });
+    for (const detail::MatrixDecl &d : decls) {
+        const bool accumulator = d.use == MatrixUse::Accumulator;
+        const bool found = std::any_of(
+            features.matrixShapes.begin(), features.matrixShapes.end(), [&](const MatrixShape &s) {
+                return s.m == d.m && s.n == d.n && s.k == d.k && s.c == ElementType::F32 &&
+                       (accumulator || (s.a == elementOf(d.type) && s.b == elementOf(d.type)));
+            });
+        if (found) continue;
+        const std::string tile = std::to_string(d.m) + "x" + std::to_string(d.n) + "x" + std::to_string(d.k);
+        if (accumulator) return "matrix units of " + tile + " (an f32 accumulator)";
+        return "matrix units of " + tile + " " + toString(d.type) + "*" + toString(d.type) + "+f32" +
+               (d.type == Type::F32 ? " (tf32)" : "");
     }
     return {};
 }
@@ -224,6 +228,17 @@ void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch
                         device().features.describe() + "); pick a device that has it, or write "
                         "the kernel without it",
                     device().backend);
+    if (!module.matrices.empty()) {
+        // The matrix units work on whole subgroups (PTX mma.sync and ldmatrix are .aligned).
+        const uint64_t lanes = uint64_t{dispatch.block[0]} * dispatch.block[1] * dispatch.block[2];
+        const uint32_t width = std::max<uint32_t>(1, device().subgroupSize);
+        if (lanes % width != 0)
+            throw Error(ErrorCode::InvalidArgument,
+                        "kernel '" + module.name + "' uses matrix units, which work on whole " +
+                            "subgroups: a workgroup of " + std::to_string(lanes) + " threads is not " +
+                            "a multiple of " + device().id() + "'s subgroup of " + std::to_string(width) +
+                            " (DeviceInfo::subgroupSize)");
+    }
     if (device().accepts(Dialect::Host) && !device().accepts(Dialect::Cuda) &&
         !device().accepts(Dialect::Hip) && !device().accepts(Dialect::Glsl)) {
         // The interpreter cannot report an error from inside a workgroup: refuse here what it
