@@ -8,6 +8,8 @@
 #include <backplane/kernels.hpp>
 #include <backplane/lang.hpp>
 #include <backplane/runtime.hpp>
+#include <backplane/tune.hpp>
+#include <backplane/cache.hpp>
 
 #include <doctest/doctest.h>
 
@@ -570,4 +572,49 @@ TEST_CASE("matrix kernels need workgroups of whole subgroups") {
         d.bindings = {a, b, c};
         CHECK_THROWS_WITH_AS(client.execute(kernel, d), doctest::Contains("whole subgroups"), Error);
     }
+}
+
+TEST_CASE("the tuner skips a matrix-unit candidate on a device without matrix units, with the "
+          "reason, and its key names the device's capabilities") {
+    const Runtime small = makeRuntime(R"({"matrix_units": false})");
+    ComputeClient client = small.open(small.select("host:0"));
+    const uint32_t size = 32;
+    Buffer a = client.createFrom<float>(std::vector<float>(size * size, 1.0f));
+    Buffer b = client.createFrom<float>(std::vector<float>(size * size, 1.0f));
+    Buffer half = client.empty(2 * size * size);
+    Buffer c = client.empty(4 * size * size);
+    const lang::Kernel units = kernels::matmulMatrixUnits<lang::bf16>({32, 32, 16, 1, 2});
+    const lang::Kernel plain = kernels::matmul({16, 1, 16});
+    tune::TunableSet<uint32_t, void> set("matmul_units_or_not",
+                                         [](const uint32_t &n, TuneLevel) { return "n=" + std::to_string(n); });
+    set.add("matrix_units", [&](const uint32_t &n) {
+        Dispatch d;
+        d.grid = {1, 1};
+        d.block = {2};
+        d.bindings = {half, half, c};
+        d.scalar(n).scalar(n).scalar(n);
+        client.execute(units, d);
+    });
+    set.add("tiled", [&](const uint32_t &n) {
+        Dispatch d;
+        d.grid = {n / 16, n / 16};
+        d.block = {16, 16};
+        d.bindings = {a, b, c};
+        d.scalar(n).scalar(n).scalar(n);
+        client.execute(plain, d);
+    });
+    tune::Tuner::Options options;
+    options.device = deviceFingerprint(client.device());
+    options.progress = false;
+    tune::Tuner tuner(options);
+    tuner.execute(set, size);
+    const auto record = tuner.lookup(set.info(), "n=32");
+    REQUIRE(record.has_value());
+    CHECK(record->winner == "tiled");
+    REQUIRE(record->results.size() == 2);
+    CHECK_FALSE(record->results[0].ok);
+    CHECK(record->results[0].error.find("matrix units of 16x16x16 bf16*bf16+f32") != std::string::npos);
+    // The same host with its matrix units is another device for the tuner.
+    CHECK(deviceFingerprint(client.device()) != deviceFingerprint(clients().front().device()));
+    CHECK(options.device.find("matrix none") != std::string::npos);
 }

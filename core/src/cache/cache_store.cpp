@@ -302,6 +302,9 @@ std::string deviceFingerprint(const DeviceInfo &device) {
     std::string text = device.backend + "|" + device.name + "|" + device.arch + "|" +
                        device.driverVersion;
     if (device.hasUuid) text += "|" + device.uuidString();
+    // What kernels may use on it (types, vectors, matrix units): a device that lost one (a
+    // plugin option, a driver without an extension) ranks candidates anew.
+    text += "|" + device.features.describe();
     return text;
 }
 
