@@ -618,3 +618,63 @@ TEST_CASE("the tuner skips a matrix-unit candidate on a device without matrix un
     CHECK(deviceFingerprint(client.device()) != deviceFingerprint(clients().front().device()));
     CHECK(options.device.find("matrix none") != std::string::npos);
 }
+
+namespace {
+
+template <class T> void checkRowKernels(double tolerance) {
+    const lang::Kernel softmax = kernels::softmaxRows<T>(64);
+    const lang::Kernel sums = kernels::rowSum<T>(64);
+    for (uint32_t cols : {1000u, 1024u, 3u}) {
+        const uint32_t rows = 5;
+        const Input<T> x(size_t{rows} * cols, 21 + cols);
+        // The stored values (Input::value rounds floats to tf32, for the matrix units).
+        std::vector<double> value;
+        for (const T &v : x.stored) value.push_back(toDouble(v));
+        std::vector<double> want(size_t{rows} * cols), wantSum(rows, 0.0);
+        for (uint32_t r = 0; r < rows; ++r) {
+            double top = -1e300, total = 0;
+            for (uint32_t i = 0; i < cols; ++i) top = std::max<double>(top, value[r * cols + i]);
+            for (uint32_t i = 0; i < cols; ++i) total += std::exp(value[r * cols + i] - top);
+            for (uint32_t i = 0; i < cols; ++i) {
+                want[r * cols + i] = std::exp(value[r * cols + i] - top) / total;
+                wantSum[r] += value[r * cols + i];
+            }
+        }
+        for (ComputeClient &client : clients()) {
+            CAPTURE(client.device().id());
+            CAPTURE(cols);
+            CAPTURE(softmax.name());
+            if (!softmax.missingOn(client.device().features).empty()) continue;
+            Buffer in = client.createFrom<T>(x.stored);
+            Buffer out = client.empty(sizeof(T) * rows * cols), total = client.empty(4 * rows);
+            Dispatch d;
+            d.grid = {rows};
+            d.block = {64};
+            d.bindings = {in, out};
+            d.scalar(cols);
+            client.execute(softmax, d);
+            d.bindings = {in, total};
+            client.execute(sums, d);
+            const std::vector<T> got = client.readAs<T>(out);
+            int bad = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                const double g = toDouble(got[i]);
+                if (std::fabs(g - want[i]) > tolerance * want[i] + 1e-7 && bad++ < 4)
+                    FAIL_CHECK(("softmax element " + std::to_string(i) + ": got " + std::to_string(g) +
+                                ", want " + std::to_string(want[i])));
+            }
+            CHECK(bad == 0);
+            const std::vector<float> gotSum = client.readAs<float>(total);
+            for (uint32_t r = 0; r < rows; ++r)
+                CHECK(std::fabs(gotSum[r] - wantSum[r]) <= 1e-4 * (std::fabs(wantSum[r]) + cols));
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("row softmax and row sums in f32, f16 and bf16, with vector bodies and scalar tails") {
+    checkRowKernels<float>(2e-5);
+    checkRowKernels<lang::f16>(1.5e-3);
+    checkRowKernels<lang::bf16>(8e-3);
+}

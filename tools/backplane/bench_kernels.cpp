@@ -447,6 +447,39 @@ void f32Rows(ComputeClient &client, const std::string &device, const std::vector
     }
 }
 
+/// Row softmax and row sums against the device's own copy rate: bytes the kernel must move
+/// (softmax: the row in and out; sums: the row in) per second, over a device-to-device copy's
+/// bytes read and written per second, same run.
+template <class T>
+void rowKernelRows(ComputeClient &client, const std::string &device, const char *type,
+                   const BenchOptions &options, BenchRows &rows) {
+    const uint32_t count = options.quick ? 1024 : 8192, cols = options.quick ? 1024 : 8192;
+    const uint64_t bytes = uint64_t{count} * cols * sizeof(T);
+    Buffer x = client.empty(bytes), y = client.empty(bytes), sums = client.empty(4ull * count);
+    client.fill(x, 0);
+    const lang::Kernel softmax = kernels::softmaxRows<T>(256);
+    const lang::Kernel sum = kernels::rowSum<T>(256);
+    Dispatch d;
+    d.grid = {count};
+    d.block = {256};
+    d.bindings = {x, y};
+    d.scalar(cols);
+    Dispatch s = d;
+    s.bindings = {x, sums};
+    const int samples = options.quick ? 3 : 9;
+    const std::vector<double> ms = medianMs(client,
+                                            {[&] { client.copy(x, 0, y, 0, bytes); },
+                                             [&] { client.execute(softmax, d); },
+                                             [&] { client.execute(sum, s); }},
+                                            1, samples);
+    const double copyRate = 2.0 * double(bytes) / (ms[0] * 1e6); // GB/s read + written
+    const std::string shape = std::to_string(count) + "x" + std::to_string(cols) + " " + type;
+    rows.push_back({"kernels", device, "softmax rows " + shape + " vs D2D copy rate",
+                    2.0 * double(bytes) / (ms[1] * 1e6), copyRate, "GB/s", ">= 0.80x"});
+    rows.push_back({"kernels", device, "row sums " + shape + " vs D2D copy rate",
+                    double(bytes) / (ms[2] * 1e6), copyRate, "GB/s", ">= 0.80x"});
+}
+
 /// Rows of the matrix units (and f32) against cuBLAS on the same GPU, where cuBLAS loads.
 void cublasRows(ComputeClient &client, const std::string &device, const BenchOptions &options,
                 BenchRows &rows) {
@@ -500,6 +533,11 @@ void benchDevice(ComputeClient &client, const BenchOptions &options, BenchRows &
         const Baseline baseline = gpuTiles(client, device, size, options, rows);
         tunedMatmul(client, device, size, baseline, options, rows);
         cublasRows(client, device, options, rows);
+        if (info.type != DeviceType::Cpu) {
+            rowKernelRows<float>(client, device, "f32", options, rows);
+            rowKernelRows<lang::f16>(client, device, "f16", options, rows);
+            rowKernelRows<lang::bf16>(client, device, "bf16", options, rows);
+        }
     }
     std::fprintf(stderr, "bench kernels: %s done in %.1f s\n", device.c_str(), secondsSince(start));
 }

@@ -4,6 +4,8 @@
 #include <backplane/lang.hpp>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -365,6 +367,113 @@ template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) 
                 });
                 k.barrier();
             }
+    });
+}
+
+namespace detail {
+template <class T> lang::Value<float> toF32(const lang::Value<T> &v) {
+    if constexpr (std::is_same_v<T, float>) return v;
+    else return lang::cast<float>(v);
+}
+/// Combines tile[0 .. blockSize) into tile[0] with `op` (a tree with barriers); every thread
+/// must call it.
+inline void treeReduce(lang::Builder &k, lang::Array<float> tile, uint32_t blockSize,
+                       const std::function<lang::Value<float>(lang::Value<float>, lang::Value<float>)> &op) {
+    auto t = k.localId().x;
+    k.barrier();
+    for (uint32_t half = blockSize / 2; half > 0; half /= 2) {
+        k.If(t < half, [&] { tile[t] = op(tile[t], tile[t + half]); });
+        k.barrier();
+    }
+}
+/// Calls f(value) for each element of row `base` .. base + cols - 1 this thread visits: vectors
+/// of V where whole ones fit (16-byte accesses on CUDA when cols is a multiple of V), then the
+/// tail element by element.
+template <class T, uint32_t V>
+void eachOfRow(lang::Builder &k, lang::Binding<T> x, lang::Value<uint32_t> base,
+               lang::Value<uint32_t> cols, uint32_t blockSize,
+               const std::function<void(lang::Value<uint32_t>, const std::vector<lang::Value<T>> &)> &f) {
+    auto t = k.localId().x;
+    auto whole = cols / V * V;
+    k.For(t * V, whole, blockSize * V, [&](lang::Value<uint32_t> i) {
+        const lang::Vector<T, V> v = lang::loadVector<V>(x, base + i);
+        f(i, v.parts());
+    });
+    k.For(whole + t, cols, blockSize, [&](lang::Value<uint32_t> i) {
+        f(i, {lang::Value<T>(x[base + i])});
+    });
+}
+} // namespace detail
+
+/// sums[r] = the f32 sum of row r of x (rows of `cols` elements, row-major). T: f16, bf16 or
+/// float; sums are f32 (the elements are added in f32). One workgroup per row: launch block
+/// {blockSize} (a power of two), grid {rows}. Bindings: x (read), sums (write); scalar: cols
+/// (u32).
+template <class T> lang::Kernel rowSum(uint32_t blockSize = 256) {
+    constexpr uint32_t V = 16 / sizeof(T) > 8 ? 8 : 16 / sizeof(T);
+    return lang::kernel("row_sum_" + std::string(lang::toString(lang::typeOf<T>())) + "_" +
+                            std::to_string(blockSize),
+                        [blockSize](lang::Builder &k) {
+        auto x = k.input<T>();
+        auto sums = k.output<float>();
+        auto cols = k.scalar<uint32_t>();
+        auto tile = k.shared<float>(blockSize);
+        auto t = k.localId().x;
+        auto row = k.groupId().x;
+        auto sum = k.var<float>(0.0f);
+        detail::eachOfRow<T, V>(k, x, row * cols, cols, blockSize, [&](auto, const auto &parts) {
+            for (const auto &p : parts) sum += detail::toF32<T>(p);
+        });
+        tile[t] = sum;
+        detail::treeReduce(k, tile, blockSize, [](auto a, auto b) { return a + b; });
+        k.If(t == 0u, [&] { sums[row] = tile[0u]; });
+    });
+}
+
+/// out = softmax of each row of x: exp(x - max of the row) / sum of those, computed in f32 and
+/// rounded to T when stored (T: f16, bf16 or float). Three passes over the row (max, sum,
+/// write), vector accesses where whole vectors fit. One workgroup per row: launch block
+/// {blockSize} (a power of two), grid {rows}. Bindings: x (read), out (write); scalar: cols.
+template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
+    constexpr uint32_t V = 16 / sizeof(T) > 8 ? 8 : 16 / sizeof(T);
+    return lang::kernel("softmax_rows_" + std::string(lang::toString(lang::typeOf<T>())) + "_" +
+                            std::to_string(blockSize),
+                        [blockSize](lang::Builder &k) {
+        using lang::Value;
+        auto x = k.input<T>();
+        auto out = k.output<T>();
+        auto cols = k.scalar<uint32_t>();
+        auto tile = k.shared<float>(blockSize);
+        auto t = k.localId().x;
+        auto base = k.groupId().x * cols;
+        auto top = k.var<float>(-std::numeric_limits<float>::infinity());
+        detail::eachOfRow<T, V>(k, x, base, cols, blockSize, [&](auto, const auto &parts) {
+            for (const auto &p : parts) top = lang::max(top, detail::toF32<T>(p));
+        });
+        tile[t] = top;
+        detail::treeReduce(k, tile, blockSize, [](auto a, auto b) { return lang::max(a, b); });
+        Value<float> rowMax = tile[0u];
+        k.barrier(); // tile is reused below
+        auto sum = k.var<float>(0.0f);
+        detail::eachOfRow<T, V>(k, x, base, cols, blockSize, [&](auto, const auto &parts) {
+            for (const auto &p : parts) sum += lang::exp(detail::toF32<T>(p) - rowMax);
+        });
+        tile[t] = sum;
+        detail::treeReduce(k, tile, blockSize, [](auto a, auto b) { return a + b; });
+        Value<float> scale = Value<float>(1.0f) / tile[0u];
+        const auto result = [&](const Value<T> &p) -> Value<T> {
+            Value<float> y = lang::exp(detail::toF32<T>(p) - rowMax) * scale;
+            if constexpr (std::is_same_v<T, float>) return y;
+            else return lang::cast<T>(y);
+        };
+        auto whole = cols / V * V;
+        k.For(t * V, whole, blockSize * V, [&](Value<uint32_t> i) {
+            const lang::Vector<T, V> v = lang::loadVector<V>(x, base + i);
+            std::vector<Value<T>> parts;
+            for (const auto &p : v.parts()) parts.push_back(result(p));
+            lang::storeVector(out, base + i, lang::Vector<T, V>(std::move(parts)));
+        });
+        k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) { out[base + i] = result(x[base + i]); });
     });
 }
 
