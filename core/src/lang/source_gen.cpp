@@ -1289,7 +1289,17 @@ private:
         const std::string u2f = glsl_ ? "uintBitsToFloat" : "__uint_as_float";
         const bool needHalf = helpers_.count("bp_h2f") || helpers_.count("bp_f2h") || helpers_.count("bp_rh");
         const bool needBf16 = helpers_.count("bp_b2f") || helpers_.count("bp_f2b") || helpers_.count("bp_rb");
-        if (needHalf) {
+        if (needHalf && !glsl_ && !hip_) {
+            // CUDA: the hardware conversions (one instruction each), with NaNs kept as the
+            // other targets keep them (sign and payload in, sign | 0x7e00 out).
+            text += fn + "float bp_h2f(unsigned h) { if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0u) "
+                    "return __uint_as_float(((h & 0x8000u) << 16) | 0x7f800000u | ((h & 0x3ffu) << 13)); "
+                    "float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"((unsigned short)h)); return f; }\n";
+            text += fn + "unsigned bp_f2h(float f) { unsigned x = __float_as_uint(f); "
+                    "if ((x & 0x7fffffffu) > 0x7f800000u) return ((x >> 16) & 0x8000u) | 0x7e00u; "
+                    "unsigned short r; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(r) : \"f\"(f)); return r; }\n";
+            text += fn + "float bp_rh(float f) { return bp_h2f(bp_f2h(f)); }\n";
+        } else if (needHalf) {
             text += fn + "float bp_h2f(" + u + " h) { " + u + " sign = (h & 0x8000u) << 16; " + u +
                     " e = (h >> 10) & 0x1fu; " + u + " m = h & 0x3ffu; "
                     "if (e == 0u) return (sign != 0u ? -1.0f : 1.0f) * float(m) * 5.9604644775390625e-8f; "
