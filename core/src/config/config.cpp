@@ -297,11 +297,14 @@ private:
         if (p.contains("options")) {
             attempt([&] {
                 const Json &options = object(p["options"], "/plugins/options");
-                for (const auto &[name, value] : options.items())
+                for (const auto &item : options.items()) {
+                    const std::string name = item.key(); // named: see checkKeys
+                    const Json &value = item.value();
                     attempt([&] {
                         c.pluginOptions[name] = detail::dumpJson(
                             object(value, "/plugins/options/" + detail::pointerToken(name)));
                     });
+                }
             });
         }
     }
