@@ -431,8 +431,9 @@ template <class T> lang::Kernel rowSum(uint32_t blockSize = 256) {
 }
 
 /// out = softmax of each row of x: exp(x - max of the row) / sum of those, computed in f32 and
-/// rounded to T when stored (T: f16, bf16 or float). Three passes over the row (max, sum,
-/// write), vector accesses where whole vectors fit. One workgroup per row: launch block
+/// rounded to T when stored (T: f16, bf16 or float). Two passes over the row: the first keeps a
+/// running maximum and a sum rescaled whenever the maximum grows (an online softmax), the
+/// second writes; vector accesses where whole vectors fit. One workgroup per row: launch block
 /// {blockSize} (a power of two), grid {rows}. Bindings: x (read), out (write); scalar: cols.
 template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
     constexpr uint32_t V = 16 / sizeof(T) > 8 ? 8 : 16 / sizeof(T);
@@ -443,24 +444,44 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
         auto x = k.input<T>();
         auto out = k.output<T>();
         auto cols = k.scalar<uint32_t>();
-        auto tile = k.shared<float>(blockSize);
+        auto tops = k.shared<float>(blockSize);
+        auto sums = k.shared<float>(blockSize);
         auto t = k.localId().x;
         auto base = k.groupId().x * cols;
-        auto top = k.var<float>(-std::numeric_limits<float>::infinity());
-        detail::eachOfRow<T, V>(k, x, base, cols, blockSize, [&](auto, const auto &parts) {
-            for (const auto &p : parts) top = lang::max(top, detail::toF32<T>(p));
-        });
-        tile[t] = top;
-        detail::treeReduce(k, tile, blockSize, [](auto a, auto b) { return lang::max(a, b); });
-        Value<float> rowMax = tile[0u];
-        k.barrier(); // tile is reused below
+        const float lowest = -std::numeric_limits<float>::infinity();
+        auto top = k.var<float>(lowest);
         auto sum = k.var<float>(0.0f);
+        // (top, sum) absorbs a vector's values: one rescale of the sum to the new maximum per
+        // vector, then one exp per value. exp(-inf - -inf) is avoided: while the maximum is
+        // -inf the sum is 0 and stays 0.
         detail::eachOfRow<T, V>(k, x, base, cols, blockSize, [&](auto, const auto &parts) {
-            for (const auto &p : parts) sum += lang::exp(detail::toF32<T>(p) - rowMax);
+            std::vector<Value<float>> values;
+            for (const auto &p : parts) values.push_back(detail::toF32<T>(p));
+            std::vector<Value<float>> maxima{Value<float>(top)}; // Values are not reassignable
+            for (const auto &v : values) maxima.push_back(lang::max(maxima.back(), v));
+            const Value<float> &next = maxima.back();
+            Value<float> rescale = lang::select(top == lowest, Value<float>(0.0f), lang::exp(top - next));
+            std::vector<Value<float>> added{lang::exp(values[0] - next)};
+            for (size_t i = 1; i < values.size(); ++i) added.push_back(added.back() + lang::exp(values[i] - next));
+            sum = sum * rescale + added.back();
+            top = next;
         });
-        tile[t] = sum;
-        detail::treeReduce(k, tile, blockSize, [](auto a, auto b) { return a + b; });
-        Value<float> scale = Value<float>(1.0f) / tile[0u];
+        tops[t] = top;
+        sums[t] = sum;
+        k.barrier();
+        for (uint32_t half = blockSize / 2; half > 0; half /= 2) {
+            k.If(t < half, [&] {
+                Value<float> m1 = tops[t], m2 = tops[t + half];
+                Value<float> m = lang::max(m1, m2);
+                Value<float> s1 = lang::select(m1 == lowest, Value<float>(0.0f), sums[t] * lang::exp(m1 - m));
+                Value<float> s2 = lang::select(m2 == lowest, Value<float>(0.0f), sums[t + half] * lang::exp(m2 - m));
+                tops[t] = m;
+                sums[t] = s1 + s2;
+            });
+            k.barrier();
+        }
+        Value<float> rowMax = tops[0u];
+        Value<float> scale = Value<float>(1.0f) / sums[0u];
         const auto result = [&](const Value<T> &p) -> Value<T> {
             Value<float> y = lang::exp(detail::toF32<T>(p) - rowMax) * scale;
             if constexpr (std::is_same_v<T, float>) return y;
