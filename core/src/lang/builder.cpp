@@ -738,19 +738,24 @@ std::vector<Handle> partIndices(Handle index, uint32_t width) {
     return indices;
 }
 
-} // namespace
-
-std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_t width) {
-    Recorder &r = current();
+/// The rules every vector access follows (width, memory, size, a constant index's alignment).
+void checkVector(Recorder &r, Space space, Handle target, Handle index, uint32_t width) {
     if (width != 2 && width != 4 && width != 8) r.fail("vectors have 2, 4 or 8 elements");
-    if (space == Space::Var) r.fail("vector loads read buffers and arrays");
+    if (space == Space::Var) r.fail("vectors are in buffers and arrays, not variables");
     const Type type = targetType(r, space, target);
-    if (width * sizeOf(type) > 16) r.fail("a vector of " + std::to_string(width) + " " + toString(type) +
-                                          " is over 16 bytes");
+    if (width * sizeOf(type) > 16)
+        r.fail("a vector of " + std::to_string(width) + " " + toString(type) + " is over 16 bytes");
     const uint32_t first = indexOf(r, index);
     if (const Node &n = r.module().nodes[first]; n.op == Op::Constant && n.imm % width != 0)
         r.fail("a vector of " + std::to_string(width) + " at index " + std::to_string(n.imm) +
                ", not a multiple of " + std::to_string(width));
+}
+
+} // namespace
+
+std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_t width) {
+    Recorder &r = current();
+    checkVector(r, space, target, index, width);
     // The parts' indices first, then the parts: consecutive statements, part 0 first.
     const std::vector<Handle> indices = partIndices(index, width);
     std::vector<Handle> parts;
@@ -768,15 +773,7 @@ std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_
 void storeVector(Space space, Handle target, Handle index, const std::vector<Handle> &parts) {
     Recorder &r = current();
     const auto width = static_cast<uint32_t>(parts.size());
-    if (width != 2 && width != 4 && width != 8) r.fail("vectors have 2, 4 or 8 elements");
-    if (space == Space::Var) r.fail("vector stores write buffers and arrays");
-    const Type type = targetType(r, space, target);
-    if (width * sizeOf(type) > 16) r.fail("a vector of " + std::to_string(width) + " " + toString(type) +
-                                          " is over 16 bytes");
-    const uint32_t first = indexOf(r, index);
-    if (const Node &n = r.module().nodes[first]; n.op == Op::Constant && n.imm % width != 0)
-        r.fail("a vector of " + std::to_string(width) + " at index " + std::to_string(n.imm) +
-               ", not a multiple of " + std::to_string(width));
+    checkVector(r, space, target, index, width);
     const std::vector<Handle> indices = partIndices(index, width);
     for (uint32_t i = 0; i < width; ++i) {
         store(space, target, indices[i], parts[i]);
