@@ -93,6 +93,31 @@ inline lang::Kernel matrixAndVectors() {
     }, {.checked = true});
 }
 
+/// Asynchronous copies (cp.async on CUDA, ordinary stores elsewhere) of f16 and f32 vectors
+/// into over 48 KiB of shared memory (dynamic shared memory on CUDA and HIP), a commit, a
+/// wait and the read back. Bindings: h (f16), x (f32), out (f32).
+inline lang::Kernel asyncCopies() {
+    return lang::kernel("async_copies", [](lang::Builder &k) {
+        using lang::Value;
+        auto h = k.input<lang::f16>();
+        auto x = k.input<float>();
+        auto out = k.output<float>();
+        auto limit = k.scalar<uint32_t>();
+        auto sh = k.shared<lang::f16>(8192);
+        auto sx = k.shared<float>(12288);
+        auto t = k.localIndex();
+        lang::copyAsync<8>(sh, t * 8u, h, t * 8u, t * 8u + 8u <= limit);
+        lang::copyAsync<4>(sx, t * 4u, x, t * 4u);
+        k.commitCopies();
+        lang::copyAsync<2>(sx, 4096u + t * 2u, x, t * 2u + 1u);
+        k.commitCopies();
+        k.waitCopies(1);
+        k.waitCopies();
+        k.barrier();
+        out[t] = cast<float>(Value<lang::f16>(sh[t])) + sx[t] + sx[4096u + t];
+    });
+}
+
 /// bf16 and tf32 (f32-input) tiles read straight from buffers: CUDA only (GLSL's cooperative
 /// matrices have neither; HIP has no matrix units in the language).
 inline lang::Kernel matrixBf16Tf32() {

@@ -82,6 +82,12 @@ TEST_CASE("every generator prints saxpy and the tiled matmul as the golden files
     checkGolden(matrix.text(Dialect::Glsl), "matrix_and_vectors.comp");
     checkGolden(matrix.text(Dialect::Host), "matrix_and_vectors.ir");
     checkGolden(test::matrixBf16Tf32().text(Dialect::Cuda), "matrix_bf16_tf32.cu");
+    // Asynchronous copies: cp.async and dynamic shared memory (CUDA), plain copies (HIP, GLSL).
+    const lang::Kernel copies = test::asyncCopies();
+    checkGolden(copies.text(Dialect::Cuda), "async_copies.cu");
+    checkGolden(copies.text(Dialect::Hip), "async_copies.hip");
+    checkGolden(copies.text(Dialect::Glsl), "async_copies.comp");
+    checkGolden(copies.text(Dialect::Host), "async_copies.ir");
     // What GLSL and HIP cannot express is an #error naming it (the compile fails with it).
     CHECK(test::matrixBf16Tf32().text(Dialect::Glsl).find("#error bf16 matrices") != std::string::npos);
     CHECK(matrix.text(Dialect::Hip).find("#error matrix units are not lowered for HIP") != std::string::npos);

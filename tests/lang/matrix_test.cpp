@@ -257,6 +257,16 @@ TEST_CASE("matmul on the matrix units: odd sizes, several tile sets, every input
     checkMatmul<lang::bf16>(small, 64, 64, 48);
     checkMatmul<lang::f16>({64, 64, 32, 2, 2}, 128, 96, 64);
     checkMatmul<float>({32, 32, 16, 1, 2, 4}, 64, 80, 32);
+    // Asynchronous copies into 3 and 4 stages: edges in every dimension, K not a whole
+    // number of steps (n and k multiples of the vector: the staged path), and a shape that
+    // takes the general path (n % 8 != 0).
+    checkMatmul<lang::bf16>({64, 64, 32, 2, 2, 8, 3, true}, 130, 136, 72);
+    checkMatmul<lang::f16>({32, 32, 16, 1, 2, 8, 4, true}, 64, 64, 48);
+    checkMatmul<float>({32, 32, 16, 1, 2, 4, 3, true}, 45, 40, 36);
+    checkMatmul<lang::bf16>({32, 32, 16, 1, 2, 8, 2, true}, 33, 45, 70);
+    checkMatmul<lang::f16>({32, 32, 16, 1, 2, 8, 3, true}, 8, 8, 8); // one partial step
+    // 4 stages of 128 x 128 x 32: 82 KiB of shared memory, dynamic on CUDA.
+    checkMatmul<lang::bf16>({128, 128, 32, 2, 2, 8, 4, true}, 200, 264, 96);
 }
 
 TEST_CASE("checked matrix loads past the memory load zeros and stores write nothing") {
@@ -450,6 +460,144 @@ TEST_CASE("vector loads and stores: aligned, misaligned at run time, views, chec
     checkVectors<uint8_t, 8>();
     checkVectors<int16_t, 8>();
     checkVectors<int64_t, 2>();
+}
+
+namespace {
+
+/// out[i] = x[i + shift] through shared memory: each thread copies vectors of N with
+/// copyAsync (zeros where i + shift is past `limit`), waits, and the workgroup reads back.
+template <class T, uint32_t N> lang::Kernel asyncCopyKernel(bool checked) {
+    return lang::kernel(
+        std::string("copy_async_") + lang::toString(lang::typeOf<T>()) + "x" + std::to_string(N) +
+            (checked ? "_checked" : ""),
+        [](lang::Builder &k) {
+            auto x = k.input<T>();
+            auto out = k.output<T>();
+            auto shift = k.scalar<uint32_t>();
+            auto limit = k.scalar<uint32_t>();
+            auto tile = k.shared<T>(64 * N);
+            auto t = k.localId().x;
+            auto base = k.groupId().x * (64 * N);
+            auto from = base + t * N + shift;
+            lang::copyAsync<N>(tile, t * N, x, from, from + N <= limit);
+            k.commitCopies();
+            k.waitCopies(0);
+            k.barrier();
+            for (uint32_t q = 0; q < N; ++q) {
+                // Thread t reads what another thread copied: the barrier orders it.
+                auto i = (t + 1u) % 64u * N + q;
+                out[base + i] = tile[i];
+            }
+        },
+        lang::KernelOptions{checked});
+}
+
+template <class T, uint32_t N> void checkAsyncCopies() {
+    const uint32_t groups = 3, count = groups * 64 * N;
+    std::vector<T> x;
+    for (uint32_t i = 0; i < count + 2 * N; ++i) x.push_back(fromInt<T>(static_cast<int>(i % 61) - 30));
+    for (bool checked : {false, true}) {
+        const lang::Kernel kernel = asyncCopyKernel<T, N>(checked);
+        for (ComputeClient &client : clients()) {
+            CAPTURE(client.device().id());
+            CAPTURE(kernel.name());
+            if (!kernel.missingOn(client.device().features).empty()) continue;
+            // shift 1: every copy misaligned (the synchronous path); limit cuts the last group.
+            for (uint32_t shift : {0u, 1u, N}) {
+                CAPTURE(shift);
+                const uint32_t limit = count - 5 * N;
+                Buffer in = client.createFrom<T>(x);
+                Buffer o = client.createFrom<T>(std::vector<T>(count, fromInt<T>(7)));
+                Dispatch d;
+                d.grid = {groups};
+                d.block = {64};
+                d.bindings = {in, o};
+                d.scalar(shift).scalar(limit);
+                client.execute(kernel, d);
+                const std::vector<T> got = client.readAs<T>(o);
+                int bad = 0;
+                for (uint32_t i = 0; i < count; ++i) {
+                    const uint32_t vectorStart = i / N * N + shift;
+                    const double want = vectorStart + N <= limit ? toDouble(x[i + shift]) : 0.0;
+                    if (toDouble(got[i]) != want && bad++ < 4)
+                        FAIL_CHECK(("element " + std::to_string(i) + ": got " +
+                                    std::to_string(toDouble(got[i])) + ", want " + std::to_string(want)));
+                }
+                CHECK(bad == 0);
+            }
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("asynchronous copies: aligned, misaligned at run time, zeros where the condition is "
+          "false, checked") {
+    checkAsyncCopies<lang::f16, 8>();
+    checkAsyncCopies<lang::bf16, 4>();
+    checkAsyncCopies<float, 4>();
+    checkAsyncCopies<float, 2>();
+    checkAsyncCopies<int32_t, 2>();
+    checkAsyncCopies<uint8_t, 8>(); // no raw copy (8-bit integers are ints in shared memory)
+    checkAsyncCopies<double, 2>();
+}
+
+TEST_CASE("asynchronous copies break the language's rules loudly at recording") {
+    const auto refused = [](const std::function<void(lang::Builder &)> &body, const char *words) {
+        CAPTURE(words);
+        try {
+            (void)lang::kernel("bad_copy", body);
+            FAIL_CHECK("recorded");
+        } catch (const Error &e) {
+            CHECK(std::string(e.what()).find(words) != std::string::npos);
+        }
+    };
+    refused([](lang::Builder &k) {
+        auto x = k.input<float>();
+        auto p = k.array<float>(8);
+        lang::copyAsync<4>(p, 0u, x, 0u);
+    }, "private array");
+    refused([](lang::Builder &k) {
+        auto x = k.output<float>();
+        auto s = k.shared<float>(8);
+        lang::copyAsync<4>(s, 0u, x, 0u);
+    }, "write-only");
+    refused([](lang::Builder &k) {
+        auto x = k.input<double>();
+        auto s = k.shared<double>(8);
+        lang::copyAsync<4>(s, 0u, x, 0u);
+    }, "over 16 bytes");
+    refused([](lang::Builder &k) {
+        auto x = k.input<float>();
+        auto s = k.shared<float>(8);
+        lang::copyAsync<4>(s, 2u, x, 0u);
+    }, "not a multiple of 4");
+}
+
+TEST_CASE("a kernel whose shared memory exceeds the device's is refused before it compiles") {
+    const lang::Kernel big = lang::kernel("big_shared", [](lang::Builder &k) {
+        auto out = k.output<float>();
+        auto s = k.shared<float>(1u << 20); // 4 MiB
+        s[k.localId().x] = 1.0f;
+        k.barrier();
+        out[k.localId().x] = s[0u];
+    });
+    for (ComputeClient &client : clients()) {
+        CAPTURE(client.device().id());
+        if (client.device().maxSharedMemoryBytes == 0 || client.device().accepts(Dialect::Host)) continue;
+        Buffer o = client.empty(256);
+        Dispatch d;
+        d.grid = {1};
+        d.block = {64};
+        d.bindings = {o};
+        try {
+            client.execute(big, d);
+            FAIL_CHECK("ran");
+        } catch (const Error &e) {
+            CHECK((e.code() == ErrorCode::Unsupported));
+            CHECK(std::string(e.what()).find("bytes of shared memory") != std::string::npos);
+        }
+    }
 }
 
 TEST_CASE("vectors break the language's rules loudly at recording") {

@@ -91,6 +91,7 @@ std::vector<lang::Kernel> allKernels() {
             kernels::matmul({64, 4, 16}),
             everything(),
             test::everyType(),
+            test::asyncCopies(),
 #ifndef BACKPLANE_LANG_RTC_HIP
             test::matrixAndVectors(),
             test::matrixBf16Tf32(),

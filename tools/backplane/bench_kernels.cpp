@@ -319,10 +319,20 @@ void tunedMatmul(ComputeClient &client, const std::string &device, uint32_t size
 
 /// The matrix-unit matmul candidates the bench picks from (the fastest at the first size wins).
 std::vector<kernels::MatrixMatmulTiles> matrixTileCandidates(bool quick) {
-    if (quick) return {{128, 128, 32, 2, 4}, {64, 64, 32, 2, 2}};
-    // Static shared memory (48 KiB on CUDA) bounds the double-buffered tiles.
-    return {{128, 128, 32, 2, 4}, {128, 128, 32, 2, 2}, {128, 64, 32, 2, 2},
-            {64, 128, 32, 2, 2},  {64, 64, 64, 2, 2},   {64, 64, 32, 2, 2}};
+    if (quick) return {{128, 128, 32, 2, 4, 8, 3, true}, {64, 64, 32, 2, 2}};
+    // Tiles staged through registers (2 stages), and by asynchronous copies into 3 or 4
+    // stages; over 48 KiB of shared memory they need a device that has it (CUDA: dynamic
+    // shared memory; Vulkan refuses them, and the smaller ones run).
+    return {{128, 128, 32, 2, 4},
+            {64, 64, 32, 2, 2},
+            {128, 128, 32, 2, 4, 8, 3, true},
+            {128, 128, 32, 2, 4, 8, 4, true},
+            {128, 128, 32, 2, 2, 8, 3, true},
+            {128, 128, 32, 2, 2, 8, 4, true},
+            {128, 256, 32, 2, 4, 8, 3, true},
+            {256, 128, 32, 4, 2, 8, 3, true},
+            {128, 128, 64, 2, 4, 8, 3, true},
+            {64, 64, 32, 2, 2, 8, 4, true}};
 }
 
 struct Shape {

@@ -21,7 +21,9 @@ constexpr const char *kUsage =
     "  no NAME: list the library kernels (backplane/kernels.hpp) with their signatures\n"
     "  NAME:    print its generated source in the dialect (default: all, each under a header)\n"
     "  names:   saxpy, reduce_sum_<i32|u32|f32>_<block>, inclusive_scan_<i32|u32|f32>_<block>\n"
-    "           (block a power of two up to 1024), matmul_t<tile>_w<perThread>_k<depth>\n";
+    "           (block a power of two up to 1024), matmul_t<tile>_w<perThread>_k<depth>,\n"
+    "           row_sum_<f16|bf16|f32>_<block>, softmax_rows_<f16|bf16|f32>_<block>,\n"
+    "           matmul_mu_<f16|bf16|f32>_<M>x<N>x<K>_w<warpsM>x<warpsN>_v<vector>_s<stages>[a]\n";
 
 int usage() {
     std::fputs(kUsage, stderr);
@@ -47,6 +49,12 @@ std::vector<std::string> libraryNames() {
         names.push_back(std::string("inclusive_scan_") + type + "_256");
     for (const kernels::MatmulTiles &tiles : portableMatmulTiles())
         names.push_back(tiles.name());
+    for (const lang::Type type : {lang::Type::F16, lang::Type::BF16, lang::Type::F32})
+        names.push_back(kernels::MatrixMatmulTiles{}.name(type));
+    for (const char *type : {"f16", "bf16", "f32"}) {
+        names.push_back(std::string("row_sum_") + type + "_256");
+        names.push_back(std::string("softmax_rows_") + type + "_256");
+    }
     return names;
 }
 
@@ -59,6 +67,18 @@ std::optional<lang::Kernel> typed(const std::string &type, uint32_t block) {
 template <class T> struct MakeReduce {
     lang::Kernel operator()(uint32_t block) const { return kernels::reduceSum<T>(block); }
 };
+template <class T> struct MakeRowSum {
+    lang::Kernel operator()(uint32_t block) const { return kernels::rowSum<T>(block); }
+};
+template <class T> struct MakeSoftmax {
+    lang::Kernel operator()(uint32_t block) const { return kernels::softmaxRows<T>(block); }
+};
+template <template <class> class Make>
+std::optional<lang::Kernel> floating(const std::string &type, uint32_t block) {
+    if (type == "f16") return Make<lang::f16>{}(block);
+    if (type == "bf16") return Make<lang::bf16>{}(block);
+    return Make<float>{}(block);
+}
 template <class T> struct MakeScan {
     lang::Kernel operator()(uint32_t block) const { return kernels::inclusiveScan<T>(block); }
 };
@@ -70,6 +90,33 @@ std::optional<lang::Kernel> kernelNamed(const std::string &name, std::string &wh
     std::smatch m;
     static const std::regex typedName(R"((reduce_sum|inclusive_scan)_(i32|u32|f32)_([0-9]{1,5}))");
     static const std::regex matmulName(R"(matmul_t([0-9]{1,4})_w([0-9]{1,4})_k([0-9]{1,4}))");
+    static const std::regex rowName(R"((row_sum|softmax_rows)_(f16|bf16|f32)_([0-9]{1,5}))");
+    static const std::regex matrixName(
+        R"(matmul_mu_(f16|bf16|f32)_([0-9]{1,4})x([0-9]{1,4})x([0-9]{1,4})_w([0-9]{1,2})x([0-9]{1,2})_v([0-9])_s([0-9])(a?))");
+    if (std::regex_match(name, m, rowName)) {
+        const uint32_t block = static_cast<uint32_t>(std::stoul(m[3]));
+        if (block == 0 || block > 1024 || (block & (block - 1)) != 0) {
+            why = "the block size must be a power of two from 1 to 1024";
+            return std::nullopt;
+        }
+        if (m[1] == "row_sum") return floating<MakeRowSum>(m[2], block);
+        return floating<MakeSoftmax>(m[2], block);
+    }
+    if (std::regex_match(name, m, matrixName)) {
+        kernels::MatrixMatmulTiles tiles;
+        const auto at = [&](size_t i) { return static_cast<uint32_t>(std::stoul(m[i])); };
+        tiles.blockM = at(2), tiles.blockN = at(3), tiles.blockK = at(4);
+        tiles.warpsM = at(5), tiles.warpsN = at(6), tiles.vector = at(7), tiles.stages = at(8);
+        tiles.asyncCopies = m[9] == "a";
+        try {
+            if (m[1] == "f16") return kernels::matmulMatrixUnits<lang::f16>(tiles);
+            if (m[1] == "bf16") return kernels::matmulMatrixUnits<lang::bf16>(tiles);
+            return kernels::matmulMatrixUnits<float>(tiles);
+        } catch (const Error &e) {
+            why = e.what();
+            return std::nullopt;
+        }
+    }
     if (std::regex_match(name, m, typedName)) {
         const uint32_t block = static_cast<uint32_t>(std::stoul(m[3]));
         if (block == 0 || block > 1024 || (block & (block - 1)) != 0) {
@@ -130,7 +177,8 @@ int list() {
         if (kernel) std::printf("%-26s %s\n", name.c_str(), signatureOf(*kernel).c_str());
     }
     std::printf("\nOther sizes: reduce_sum_<type>_<block>, inclusive_scan_<type>_<block>, "
-                "matmul_t<tile>_w<perThread>_k<depth>.\n"
+                "matmul_t<tile>_w<perThread>_k<depth>, row_sum_<type>_<block>,\n"
+                "softmax_rows_<type>_<block>, matmul_mu_<type>_<M>x<N>x<K>_w<wM>x<wN>_v<vector>_s<stages>[a].\n"
                 "Sources: backplane kernels dump [--dialect cuda|hip|glsl|host|all] NAME...\n");
     return 0;
 }

@@ -187,11 +187,19 @@ struct MatrixMatmulTiles {
     /// bf16, 4 for float). A device must load vectors of this width
     /// (DeviceInfo::features.loadsVectorsOf); 4 works everywhere vectors do.
     uint32_t vector = 8;
+    /// Shared-memory stages of the K loop: 2 is double buffering; more keep more tiles in
+    /// flight while the matrix units work (each stage is blockM x blockK + blockK x blockN
+    /// elements of shared memory).
+    uint32_t stages = 2;
+    /// Stage tiles with lang::copyAsync (cp.async on CUDA 8.0+, straight into shared memory)
+    /// instead of through registers. Without it only 2 stages are possible.
+    bool asyncCopies = false;
 
     std::string name(lang::Type input) const {
         return std::string("matmul_mu_") + lang::toString(input) + "_" + std::to_string(blockM) +
                "x" + std::to_string(blockN) + "x" + std::to_string(blockK) + "_w" +
-               std::to_string(warpsM) + "x" + std::to_string(warpsN) + "_v" + std::to_string(vector);
+               std::to_string(warpsM) + "x" + std::to_string(warpsN) + "_v" + std::to_string(vector) +
+               "_s" + std::to_string(stages) + (asyncCopies ? "a" : "");
     }
     uint32_t subgroups() const { return warpsM * warpsN; }
     /// Dispatch::block for a device of `subgroupSize` (DeviceInfo::subgroupSize).
@@ -200,7 +208,8 @@ struct MatrixMatmulTiles {
     bool valid(uint32_t tileK) const {
         return warpsM > 0 && warpsN > 0 && blockM % (16 * warpsM) == 0 &&
                blockN % (16 * warpsN) == 0 && blockK > 0 && blockK % tileK == 0 && blockK % 8 == 0 &&
-               (vector == 2 || vector == 4 || vector == 8);
+               (vector == 2 || vector == 4 || vector == 8) && stages >= 2 && stages <= 8 &&
+               (asyncCopies || stages == 2);
     }
 };
 
@@ -234,8 +243,8 @@ template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) 
         auto m = k.scalar<uint32_t>();
         auto n = k.scalar<uint32_t>();
         auto kk = k.scalar<uint32_t>();
-        auto tileA = k.shared<T>(2 * bm * strideA); // two halves: double-buffered
-        auto tileB = k.shared<T>(2 * bk * strideB);
+        auto tileA = k.shared<T>(tiles.stages * bm * strideA); // one tile per stage
+        auto tileB = k.shared<T>(tiles.stages * bk * strideB);
         auto out = k.shared<float>(tiles.subgroups() * 256);
         auto tid = k.localIndex();
         auto threads = k.groupSize().x;
@@ -343,11 +352,65 @@ template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) 
                 k.barrier();
             });
         };
+        // Rows of whole vectors (n and k multiples of V), any block: `stages` shared tiles
+        // filled by asynchronous copies (zeros past the edges), the copies of step
+        // t + stages - 1 in flight while step t multiplies.
+        const auto staged = [&]<uint32_t V>() {
+            const uint32_t lanes = tiles.subgroups() * 32, S = tiles.stages;
+            const uint32_t sizeA = bm * strideA, sizeB = bk * strideB;
+            const uint32_t vectorsA = bm * (bk / V), vectorsB = bk * (bn / V);
+            const auto copyA = [&](Value<uint32_t> e, Value<uint32_t> k0, Value<uint32_t> stage) {
+                auto r = e / (bk / V);
+                auto col = e % (bk / V) * V;
+                lang::copyAsync<V>(tileA, stage * sizeA + r * strideA + col, a,
+                                   (row0 + r) * kk + k0 + col, row0 + r < m && k0 + col < kk);
+            };
+            const auto copyB = [&](Value<uint32_t> e, Value<uint32_t> k0, Value<uint32_t> stage) {
+                auto r = e / (bn / V);
+                auto col = e % (bn / V) * V;
+                lang::copyAsync<V>(tileB, stage * sizeB + r * strideB + col, b,
+                                   (k0 + r) * n + col0 + col, k0 + r < kk && col0 + col < n);
+            };
+            // Each thread's copies: unrolled on 32-wide subgroups when they divide evenly
+            // (the addresses then stay in registers across steps), a loop otherwise.
+            const bool unroll = vectorsA % lanes == 0 && vectorsB % lanes == 0;
+            const auto issue = [&](Value<uint32_t> k0, Value<uint32_t> stage) {
+                const auto loop = [&] {
+                    k.For(tid, vectorsA, threads, [&](Value<uint32_t> e) { copyA(e, k0, stage); });
+                    k.For(tid, vectorsB, threads, [&](Value<uint32_t> e) { copyB(e, k0, stage); });
+                };
+                if (!unroll) return loop();
+                k.If(threads == lanes, [&] {
+                    for (uint32_t first = 0; first < vectorsA; first += lanes) copyA(tid + first, k0, stage);
+                    for (uint32_t first = 0; first < vectorsB; first += lanes) copyB(tid + first, k0, stage);
+                }).Else(loop);
+            };
+            auto steps = (kk + (bk - 1)) / bk;
+            for (uint32_t p = 0; p + 1 < S; ++p) {
+                k.If(Value<uint32_t>(p) < steps, [&] { issue(Value<uint32_t>(p * bk), Value<uint32_t>(p)); });
+                k.commitCopies();
+            }
+            k.For(0u, steps, 1u, [&](Value<uint32_t> t) {
+                k.waitCopies(S - 2);
+                k.barrier(); // step t is in shared memory, and step t - 1's stage is free
+                auto next = t + (S - 1);
+                k.If(next < steps, [&] { issue(next * bk, next % S); });
+                k.commitCopies();
+                auto stage = t % S;
+                multiply(stage * sizeA, stage * sizeB);
+            });
+            k.waitCopies(0);
+        };
         const auto run = [&]<uint32_t V>() {
-            const bool canPipeline = (bm * (bk / V)) % (tiles.subgroups() * 32) == 0 &&
-                                     (bk * (bn / V)) % (tiles.subgroups() * 32) == 0;
-            if (!canPipeline) return general.template operator()<V>();
-            k.If(threads == tiles.subgroups() * 32 && row0 + bm <= m && col0 + bn <= n &&
+            const uint32_t lanes = tiles.subgroups() * 32;
+            const bool wholeCopies = (bm * (bk / V)) % lanes == 0 && (bk * (bn / V)) % lanes == 0;
+            if (tiles.asyncCopies) {
+                k.If(n % V == 0u && kk % V == 0u, [&] { staged.template operator()<V>(); })
+                    .Else([&] { general.template operator()<V>(); });
+                return;
+            }
+            if (!wholeCopies) return general.template operator()<V>();
+            k.If(threads == lanes && row0 + bm <= m && col0 + bn <= n &&
                      kk % bk == 0u && n % V == 0u && kk >= bk,
                  [&] { pipelined.template operator()<V>(); })
                 .Else([&] { general.template operator()<V>(); });
@@ -355,18 +418,25 @@ template <class T> lang::Kernel matmulMatrixUnits(MatrixMatmulTiles tiles = {}) 
         if (tiles.vector == 8) run.template operator()<(sizeof(T) <= 2 ? 8 : 4)>();
         else if (tiles.vector == 4) run.template operator()<4>();
         else run.template operator()<2>();
-        // Each accumulator through this subgroup's 16 x 16 of shared memory, clipped to C.
-        for (uint32_t i = 0; i < fm; ++i)
-            for (uint32_t j = 0; j < fn; ++j) {
-                acc[i * fn + j].store(out, warp * 256u, 16u);
-                k.barrier();
-                k.For(lane, 256u, width, [&](Value<uint32_t> e) {
-                    auto row = row0 + warpRow + i * 16 + e / 16u;
-                    auto col = col0 + warpCol + j * 16 + e % 16u;
-                    k.If(row < m && col < n, [&] { c[row * n + col] = out[warp * 256u + e]; });
-                });
-                k.barrier();
-            }
+        // A block inside C stores its accumulators directly; one at an edge goes through this
+        // subgroup's 16 x 16 of shared memory, clipped to C.
+        k.If(row0 + bm <= m && col0 + bn <= n, [&] {
+            for (uint32_t i = 0; i < fm; ++i)
+                for (uint32_t j = 0; j < fn; ++j)
+                    acc[i * fn + j].store(c, (row0 + warpRow + i * 16) * n + col0 + warpCol + j * 16, n);
+        }).Else([&] {
+            for (uint32_t i = 0; i < fm; ++i)
+                for (uint32_t j = 0; j < fn; ++j) {
+                    acc[i * fn + j].store(out, warp * 256u, 16u);
+                    k.barrier();
+                    k.For(lane, 256u, width, [&](Value<uint32_t> e) {
+                        auto row = row0 + warpRow + i * 16 + e / 16u;
+                        auto col = col0 + warpCol + j * 16 + e % 16u;
+                        k.If(row < m && col < n, [&] { c[row * n + col] = out[warp * 256u + e]; });
+                    });
+                    k.barrier();
+                }
+        });
     });
 }
 

@@ -181,6 +181,11 @@ void recordBarrier();
 /// statements in a row (the parts, returned in order) or stored as `width` stores in a row.
 std::vector<Handle> loadVector(Space space, Handle target, Handle index, uint32_t width);
 void storeVector(Space space, Handle target, Handle index, const std::vector<Handle> &parts);
+/// Asynchronous copies (copyAsync below): shared `array`[at ..] = `binding`[index ..], `width`
+/// elements, zeros where `valid` is false; and the commit (wait = false) / wait of a group.
+void copyAsync(Space space, Handle array, Handle at, Handle binding, Handle index, Handle valid,
+               uint32_t width);
+void copyFence(bool wait, uint32_t pending);
 
 /// Matrix units (Matrix below): declare a fragment, and the statements that use one.
 Handle declareMatrix(MatrixUse use, Type type, uint32_t m, uint32_t n, uint32_t k);
@@ -474,6 +479,21 @@ void storeVector(const Array<T> &to, const Value<uint32_t> &index, const Vector<
     detail::storeVector(to.space(), to.id(), index.handle(), detail::handlesOf(v));
 }
 
+/// Starts copying elements index .. index + N - 1 of `from` into elements at .. at + N - 1 of the
+/// shared array `to` (zeros instead where `valid` is false), the way a pipelined kernel stages
+/// the next tiles while it computes on the current ones. The copy is done for this thread after
+/// k.commitCopies() and k.waitCopies(n) have let its group complete, and for the workgroup after
+/// the barrier that follows; reading or writing those elements of `to` before then is a race.
+/// On CUDA (compute capability 8.0 and up) a copy of 4, 8 or 16 bytes is one cp.async that
+/// bypasses the registers; elsewhere, and where an address is not aligned to the copy's size or
+/// the kernel is checked, it is an ordinary vector load and store that completes at once (the
+/// same result). N and the index rules are those of loadVector / storeVector.
+template <uint32_t N, class T>
+void copyAsync(const Array<T> &to, const Value<uint32_t> &at, const Binding<T> &from,
+               const Value<uint32_t> &index, const Value<bool> &valid = Value<bool>(true)) {
+    detail::copyAsync(to.space(), to.id(), at.handle(), from.id(), index.handle(), valid.handle(), N);
+}
+
 /// The part a matrix fragment plays in D = A * B + C on the matrix units.
 enum class MatrixUse : uint8_t { A, B, Accumulator };
 
@@ -657,6 +677,13 @@ public:
     /// conditions and loops whose values are the same for every thread of the workgroup (built
     /// from constants, scalars, group ids and sizes); anything else is refused at recording.
     void barrier() { detail::recordBarrier(); }
+    /// Closes this thread's group of copyAsync() copies issued since the last commit (an empty
+    /// group is fine: pipelines commit once per step, copies or not).
+    void commitCopies() { detail::copyFence(false, 0); }
+    /// Waits until at most `pending` of this thread's committed groups are still in flight: the
+    /// older groups' copies are then in shared memory for this thread, and for the whole
+    /// workgroup after the barrier() that must follow.
+    void waitCopies(uint32_t pending = 0) { detail::copyFence(true, pending); }
 
 private:
     static Dim3 dim(detail::Builtin b) {

@@ -784,6 +784,60 @@ void storeVector(Space space, Handle target, Handle index, const std::vector<Han
     r.module().vectorWidths |= 1u << width;
 }
 
+void copyAsync(Space space, Handle array, Handle at, Handle binding, Handle index, Handle valid,
+               uint32_t width) {
+    Recorder &r = current();
+    if (space != Space::Shared)
+        r.fail("copyAsync into a private array; asynchronous copies fill shared arrays "
+               "(k.shared<T>(n))");
+    checkVector(r, Space::Shared, array, at, width);
+    checkVector(r, Space::Buffer, binding, index, width);
+    const Type type = targetType(r, Space::Shared, array);
+    if (targetType(r, Space::Buffer, binding) != type)
+        r.fail(std::string("copyAsync into a ") + toString(type) + " array from a " +
+               toString(targetType(r, Space::Buffer, binding)) + " binding");
+    if (r.module().bindings[binding.id].access == Access::Write)
+        r.fail("binding " + std::to_string(binding.id) + " is an output (write-only); copyAsync "
+               "reads it: declare it with k.input<T>() or k.inout<T>()");
+    const uint32_t condition = r.use(valid, "a copy's condition");
+    if (r.module().nodes[condition].type != Type::Bool) r.fail("copyAsync needs a bool condition");
+    // The array holds its elements in their storage type (16-bit floats as 16 bits): the copy
+    // moves bytes.
+    auto &backed = r.module().matrixArrays;
+    if (backed.size() < r.module().arrays.size()) backed.resize(r.module().arrays.size());
+    backed[array.id] = true;
+    r.module().usesAsyncCopies = true;
+    Stmt s;
+    s.kind = StmtKind::CopyAsync;
+    s.space = Space::Shared;
+    s.target = array.id;
+    s.index = indexOf(r, at);
+    s.node = indexOf(r, index);
+    s.operands[0] = binding.id;
+    s.value = condition;
+    s.vectorWidth = static_cast<uint8_t>(width);
+    s.body = r.newBlock();
+    r.append(s);
+    // The same copy in ordinary loads and stores, for targets that run it synchronously.
+    r.within(s.body, true, false, kNone, [&] {
+        const IfSite site = recordIf(valid, [&] {
+            storeVector(Space::Shared, array, at, loadVector(Space::Buffer, binding, index, width));
+        });
+        recordElse({site}, [&] {
+            storeVector(Space::Shared, array, at,
+                        std::vector<Handle>(width, constant(type, 0)));
+        });
+    });
+}
+
+void copyFence(bool wait, uint32_t pending) {
+    Recorder &r = current();
+    Stmt s;
+    s.kind = wait ? StmtKind::CopyWait : StmtKind::CopyCommit;
+    s.target = pending;
+    r.append(s);
+}
+
 namespace {
 
 const char *useName(MatrixUse use) {

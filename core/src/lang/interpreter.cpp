@@ -684,6 +684,17 @@ bool Interpreter::walk(uint32_t block, uint32_t freeLevel) {
             for (uint32_t f : {s.matrix, s.operands[0], s.operands[1], s.operands[2]})
                 if (f >= m.matrices.size()) return false;
             break;
+        case StmtKind::CopyAsync:
+            // Runs as its body: the same copy in ordinary loads and stores, complete at once.
+            maxLevel_ = std::max(maxLevel_, freeLevel + 1);
+            if (!checkTarget(Space::Shared, s.target, false) || !checkTarget(Space::Buffer, s.operands[0], false) ||
+                !use(s.index, pos) || !use(s.node, pos) || !use(s.value, pos) || !nested(s.body, false) ||
+                hasJump_[s.body])
+                return false;
+            break;
+        case StmtKind::CopyCommit:
+        case StmtKind::CopyWait:
+            break;
         default:
             return false;
         }
@@ -1265,6 +1276,12 @@ void Interpreter::runBlock(uint32_t block, Mask &m, uint32_t freeLevel) {
         case StmtKind::MatrixMma:
             matrix(s, m);
             break;
+        case StmtKind::CopyAsync:
+            runBlock(s.body, m, freeLevel); // no jump inside: the block leaves m as it is
+            break;
+        case StmtKind::CopyCommit:
+        case StmtKind::CopyWait:
+            break; // every copy completed when it was issued
         }
     }
 }

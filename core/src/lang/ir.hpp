@@ -50,7 +50,8 @@ struct Node {
 
 enum class StmtKind : uint8_t {
     Let, Store, DeclareVar, If, For, While, Jump, Barrier,
-    MatrixFill, MatrixLoad, MatrixStore, MatrixMma
+    MatrixFill, MatrixLoad, MatrixStore, MatrixMma,
+    CopyAsync, CopyCommit, CopyWait
 };
 
 /// One statement.
@@ -66,6 +67,12 @@ enum class StmtKind : uint8_t {
 /// - MatrixLoad / MatrixStore: matrix `matrix` from / to space/target (a binding or shared
 ///   array), element offset `index`, stride `value` (nodes), `layout`.
 /// - MatrixMma: matrix `matrix` = operands[0] * operands[1] + operands[2] (matrix ids).
+/// - CopyAsync: shared array `target`[index ..] = binding operands[0][node ..], `vectorWidth`
+///   elements, zeros where `value` (a bool node) is false. `body` is the same copy written with
+///   ordinary vector loads and stores: a target without asynchronous copies (or a copy it cannot
+///   issue: misaligned, checked) runs the body in its place, which completes at once.
+/// - CopyCommit: closes this thread's group of copies issued since the last commit.
+/// - CopyWait: waits until at most `target` of this thread's committed groups are in flight.
 struct Stmt {
     StmtKind kind = StmtKind::Let;
     uint32_t node = kNone;
@@ -130,6 +137,7 @@ struct Module {
     bool usesSubgroups = false;
     uint32_t vectorWidths = 0; ///< bit n: the kernel loads or stores vectors of n elements
     bool usesBarrier = false;
+    bool usesAsyncCopies = false;
 
     bool matrixBacked(uint32_t array) const {
         return array < matrixArrays.size() && matrixArrays[array];
@@ -197,6 +205,37 @@ inline uint32_t Module::scalarStructBytes() const {
     uint32_t align = 4;
     for (Type t : scalars) align = std::max(align, sizeOf(t));
     return (at + align - 1) / align * align;
+}
+
+/// Bytes of shared memory the CUDA / HIP source declares for `module` (each array 16-byte
+/// aligned; 8- and 16-bit integers held as 32-bit ints, 16-bit floats as floats unless stored
+/// narrow for the matrix units or asynchronous copies).
+/// `glsl`: as GLSL declares it (f16 stored narrow as float16_t, bf16 as float, bool as 4 bytes,
+/// no padding between arrays).
+inline uint64_t sharedBytesOnGpu(const Module &module, bool glsl = false) {
+    uint64_t total = 0;
+    bool halfMatrices = false;
+    for (const MatrixDecl &d : module.matrices) halfMatrices = halfMatrices || d.type == Type::F16;
+    for (uint32_t a = 0; a < module.arrays.size(); ++a) {
+        const ArrayDecl &d = module.arrays[a];
+        if (d.space != Space::Shared) continue;
+        uint64_t element = sizeOf(d.type);
+        if (d.type == Type::Bool) element = glsl ? 4 : 1;
+        else if (d.type == Type::F16) element = module.matrixBacked(a) && (!glsl || halfMatrices) ? 2 : 4;
+        else if (d.type == Type::BF16) element = module.matrixBacked(a) && !glsl ? 2 : 4;
+        else if (isNarrow(d.type)) element = 4;
+        if (!glsl) total = (total + 15) / 16 * 16;
+        total += element * d.length;
+    }
+    return total;
+}
+/// CUDA's static shared memory per block. A kernel that declares more gets its shared arrays in
+/// dynamic shared memory instead, and each launch asks for that many bytes (the CUDA plugin
+/// raises the function's limit to what the launch asks, up to the device's opt-in maximum).
+inline constexpr uint64_t kStaticSharedBytes = 48 * 1024;
+inline uint32_t dynamicSharedBytes(const Module &module) {
+    const uint64_t bytes = sharedBytesOnGpu(module);
+    return bytes > kStaticSharedBytes ? static_cast<uint32_t>(std::min<uint64_t>(bytes, UINT32_MAX)) : 0;
 }
 
 /// Generated sources (source_gen.cpp). `dialect` is Cuda, Hip or Glsl.

@@ -7,6 +7,7 @@
 #include <backplane/error.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <regex>
 
 namespace backplane::lang {
@@ -217,8 +218,15 @@ std::string annotateCompileError(const Module &module, Dialect dialect, const st
 namespace backplane {
 
 void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch) {
-    const Dispatch prepared = kernel.prepare(dispatch);
+    Dispatch prepared = kernel.prepare(dispatch);
     const lang::detail::Module &module = kernel.module();
+    // The variant this device is given: the first one whose dialect it accepts.
+    std::optional<Dialect> dialect;
+    for (const KernelVariant &v : kernel.source().variants)
+        if (device().accepts(v.dialect)) {
+            dialect = v.dialect;
+            break;
+        }
     // What the device cannot do is refused here, before any compile: never a driver error or a
     // silent wrong result (DeviceInfo::features, from the plugin).
     if (const std::string missing = kernel.missingOn(device().features); !missing.empty())
@@ -238,6 +246,30 @@ void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch
                             "subgroups: a workgroup of " + std::to_string(lanes) + " threads is not " +
                             "a multiple of " + device().id() + "'s subgroup of " + std::to_string(width) +
                             " (DeviceInfo::subgroupSize)");
+    }
+    if (dialect == Dialect::Cuda || dialect == Dialect::Hip || dialect == Dialect::Glsl) {
+        // Shared memory past the device's limit would fail in the driver, after the compile.
+        const uint64_t shared = lang::detail::sharedBytesOnGpu(module, *dialect == Dialect::Glsl);
+        const uint64_t limit = device().maxSharedMemoryBytes;
+        if (limit != 0 && shared > limit)
+            throw Error(ErrorCode::Unsupported,
+                        "kernel '" + module.name + "' declares " + std::to_string(shared) +
+                            " bytes of shared memory; " + device().id() + " (" + device().name +
+                            ") has " + std::to_string(limit) + " per workgroup "
+                            "(DeviceInfo::maxSharedMemoryBytes): use smaller tiles",
+                        device().backend);
+        // Past CUDA's static 48 KiB the generated source declares its arrays in dynamic shared
+        // memory, which the launch must ask for.
+        if (*dialect != Dialect::Glsl)
+            if (const uint32_t dynamic = lang::detail::dynamicSharedBytes(module); dynamic != 0) {
+                if (prepared.sharedMemoryBytes > UINT32_MAX - dynamic)
+                    throw Error(ErrorCode::InvalidArgument,
+                                "kernel '" + module.name + "': Dispatch::sharedMemoryBytes " +
+                                    std::to_string(prepared.sharedMemoryBytes) + " plus the " +
+                                    std::to_string(dynamic) + " bytes of its shared arrays "
+                                    "overflow 32 bits");
+                prepared.sharedMemoryBytes += dynamic;
+            }
     }
     if (device().accepts(Dialect::Host) && !device().accepts(Dialect::Cuda) &&
         !device().accepts(Dialect::Hip) && !device().accepts(Dialect::Glsl)) {
@@ -259,14 +291,8 @@ void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch
         execute(kernel.source(), prepared);
     } catch (const Error &e) {
         if (e.code() != ErrorCode::Compile) throw;
-        // The variant this device was given: the first one whose dialect it accepts.
-        Dialect dialect = Dialect::Host;
-        for (const KernelVariant &v : kernel.source().variants)
-            if (device().accepts(v.dialect)) {
-                dialect = v.dialect;
-                break;
-            }
-        throw Error(e.code(), lang::detail::annotateCompileError(module, dialect, e.what()),
+        throw Error(e.code(),
+                    lang::detail::annotateCompileError(module, dialect.value_or(Dialect::Host), e.what()),
                     e.backend(), e.vendorCode());
     }
 }

@@ -30,12 +30,26 @@ public:
             if (m_.arrays[a].space == Space::Private)
                 line(std::string(glsl_ ? "" : "__align__(16) ") + typeName(m_.arrays[a].type) + " a" +
                      std::to_string(a) + "[" + std::to_string(m_.arrays[a].length) + "];");
-        if (!glsl_)
+        if (!glsl_ && dynamicSharedBytes(m_) != 0) {
+            // Over the static limit: the arrays live in dynamic shared memory, which every
+            // launch of the kernel asks for (ComputeClient::execute adds it).
+            line("extern __shared__ __align__(16) unsigned char bp_shared[];");
+            uint64_t at = 0;
+            for (uint32_t a = 0; a < m_.arrays.size(); ++a) {
+                if (m_.arrays[a].space != Space::Shared) continue;
+                at = (at + 15) / 16 * 16;
+                const std::string t = arrayType(a);
+                line(t + " *const a" + std::to_string(a) + " = (" + t + " *)(bp_shared + " +
+                     std::to_string(at) + ");");
+                at += uint64_t{t == "bool" ? 1u : reprBytes(t)} * m_.arrays[a].length;
+            }
+        } else if (!glsl_) {
             for (uint32_t a = 0; a < m_.arrays.size(); ++a)
                 if (m_.arrays[a].space == Space::Shared)
                     line(std::string("__shared__ __align__(16) ") +
                          arrayType(a) + " a" + std::to_string(a) + "[" +
                          std::to_string(m_.arrays[a].length) + "];");
+        }
         for (uint32_t f = 0; f < m_.matrices.size(); ++f) declareMatrix(f);
         block(0);
         return header() + signature() + body.str() + "}\n";
@@ -139,9 +153,13 @@ private:
 
     /// The element type of shared array `a`: its value type, or (matrix-backed arrays) the
     /// bits the matrix units read: 16-bit floats as 16 bits (float16_t in GLSL).
+    /// Whether shared array `a` holds its elements in their storage type: arrays the matrix
+    /// units or asynchronous copies use, except in GLSL without f16 matrices (float16_t
+    /// arrays need the extension only those enable; the copies there are ordinary stores).
+    bool narrowArray(uint32_t a) const { return m_.matrixBacked(a) && (!glsl_ || halfMatrices_); }
     std::string arrayType(uint32_t a) const {
         const Type t = m_.arrays[a].type;
-        if (!m_.matrixBacked(a) || (t != Type::F16 && t != Type::BF16)) return typeName(t);
+        if (!narrowArray(a) || (t != Type::F16 && t != Type::BF16)) return typeName(t);
         return glsl_ ? (t == Type::F16 ? "float16_t" : "float") : "unsigned short";
     }
     /// Whether loads and stores of `space` `target` convert like a buffer's.
@@ -152,7 +170,7 @@ private:
         return !glsl_ && (t == Type::F16 || t == Type::BF16);
     }
     bool glslHalfArray(Space space, uint32_t a) const {
-        return glsl_ && space == Space::Shared && m_.matrixBacked(a) && m_.arrays[a].type == Type::F16;
+        return glsl_ && space == Space::Shared && narrowArray(a) && m_.arrays[a].type == Type::F16;
     }
 
     std::string literal(Type t, uint64_t bits) const {
@@ -890,7 +908,62 @@ private:
         case StmtKind::MatrixLoad:
         case StmtKind::MatrixStore:
         case StmtKind::MatrixMma: matrixStatement(s); break;
+        case StmtKind::CopyAsync: copyAsync(s); break;
+        case StmtKind::CopyCommit:
+        case StmtKind::CopyWait:
+            // Only CUDA copies asynchronously; elsewhere the copies completed when issued.
+            if (glsl_ || hip_) break;
+            line("#if __CUDA_ARCH__ >= 800");
+            line(s.kind == StmtKind::CopyCommit
+                     ? "asm volatile(\"cp.async.commit_group;\" ::: \"memory\");"
+                     : "asm volatile(\"cp.async.wait_group %0;\" :: \"n\"(" +
+                           std::to_string(std::min<uint32_t>(s.target, 7)) + ") : \"memory\");");
+            line("#endif");
+            break;
         }
+    }
+
+    /// An asynchronous copy: one cp.async (CUDA, compute capability 8.0 and up) where the
+    /// condition holds and both addresses are aligned to the copy (and, checked, in range);
+    /// otherwise the body, the same copy in ordinary loads and stores.
+    void copyAsync(const Stmt &s) {
+        const uint32_t binding = s.operands[0], width = s.vectorWidth;
+        const uint32_t bytes = width * reprBytes(repr(Space::Buffer, binding));
+        const bool raw = bytes == width * reprBytes(repr(Space::Shared, s.target));
+        line("{");
+        ++depth_;
+        if (glsl_ || hip_ || !raw || (bytes != 4 && bytes != 8 && bytes != 16) ||
+            constantOutside(Space::Shared, s.target, s.index)) {
+            block(s.body);
+            --depth_;
+            line("}");
+            return;
+        }
+        helpers_.insert("bp_smem");
+        const std::string done = "bp_c" + std::to_string(copies_++);
+        line("bool " + done + " = false;");
+        line("#if __CUDA_ARCH__ >= 800");
+        // A copy whose condition is false reads nothing (source size 0: zeros), from the
+        // binding's first element rather than from an index that may be out of range.
+        const std::string b = memory(Space::Buffer, binding), valid = ref(s.value);
+        line("if ((" + valid + " ? " + vectorFast(Space::Buffer, binding, s.node, width) +
+             " : ((unsigned long long)" + b + " & " + std::to_string(bytes - 1) + "ull) == 0ull) && " +
+             vectorFast(Space::Shared, s.target, s.index, width) + ") {");
+        ++depth_;
+        line(std::string("asm volatile(\"cp.async.") + (bytes == 16 ? "cg" : "ca") +
+             ".shared.global [%0], [%1], " + std::to_string(bytes) + ", %2;\" :: \"r\"(bp_smem(&" +
+             memory(Space::Shared, s.target) + "[" + ref(s.index) + "])), \"l\"(" + valid + " ? &" + b +
+             "[" + ref(s.node) + "] : " + b + "), \"r\"(" + valid +
+             " ? " + std::to_string(bytes) + "u : 0u));");
+        line(done + " = true;");
+        --depth_;
+        line("}");
+        line("#endif");
+        line("if (!" + done + ") {");
+        nested(s.body);
+        line("}");
+        --depth_;
+        line("}");
     }
 
     // -- matrix units ----------------------------------------------------------------------------
@@ -1361,6 +1434,7 @@ private:
     /// f16 bindings the matrix units read through a float16_t alias (GLSL).
     std::set<uint32_t> halfAliases_;
     std::set<uint32_t> rawCopy_;
+    uint32_t copies_ = 0; ///< asynchronous copies printed (their flags' names)
     /// Vector copies (CUDA): part 0 of a vector load whose parts only feed one vector store
     /// of the same layout; the parts are never printed, the vector moves as one register.
     std::set<uint32_t> vectorCopy_;
@@ -1474,6 +1548,13 @@ std::string listModule(const Module &m) {
                 out << pad << "mma m" << s.matrix << " = m" << s.operands[0] << " * m" << s.operands[1] << " + m"
                     << s.operands[2] << "\n";
                 break;
+            case StmtKind::CopyAsync:
+                out << pad << "copy_async " << unsigned(s.vectorWidth) << " shared a" << s.target << "[" << operand(s.index)
+                    << "] = b" << s.operands[0] << "[" << operand(s.node) << "] if " << operand(s.value) << "\n";
+                list(s.body, depth + 1);
+                break;
+            case StmtKind::CopyCommit: out << pad << "copy_commit\n"; break;
+            case StmtKind::CopyWait: out << pad << "copy_wait " << s.target << "\n"; break;
             }
         }
     };
