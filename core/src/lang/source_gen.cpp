@@ -674,9 +674,14 @@ private:
     std::string vectorFast(Space space, uint32_t target, uint32_t index, uint32_t width) {
         const uint32_t bytes = width * reprBytes(repr(space, target));
         const std::string i = ref(index);
-        std::string fast = "((unsigned long long)&" + memory(space, target) + "[" + i + "] & " +
-                           std::to_string(bytes - 1) + "ull) == 0ull && " + i + " <= " +
+        // The element's address is aligned when the memory's start is and the index is a
+        // multiple of the width. Arrays start 16-byte aligned; a binding's start is checked, a
+        // loop-invariant test the compiler hoists, unlike the address of each element.
+        std::string fast = "(" + i + " & " + std::to_string(width - 1) + "u) == 0u && " + i + " <= " +
                            std::to_string(0xffffffffu - (width - 1)) + "u";
+        if (space == Space::Buffer)
+            fast = "((unsigned long long)" + memory(space, target) + " & " + std::to_string(bytes - 1) +
+                   "ull) == 0ull && " + fast;
         if (m_.options.checked) {
             const std::string length = space == Space::Buffer ? "(unsigned long long)s.len" + std::to_string(target)
                                                               : std::to_string(m_.arrays[target].length) + "ull";

@@ -36,7 +36,7 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             unsigned v50 = v8 + 7u;
             unsigned v52 = v48 ? v50 : 4294967295u;
             uint4 bp_v53;
-            if (((unsigned long long)&b0[v8] & 15ull) == 0ull && v8 <= 4294967288u) bp_v53 = *(const uint4 *)&b0[v8];
+            if (((unsigned long long)b0 & 15ull) == 0ull && (v8 & 7u) == 0u && v8 <= 4294967288u) bp_v53 = *(const uint4 *)&b0[v8];
             else bp_v53 = make_uint4(((unsigned)(unsigned short)(b0[v8])) | ((unsigned)(unsigned short)(b0[v16])) << 16, ((unsigned)(unsigned short)(b0[v22])) | ((unsigned)(unsigned short)(b0[v28])) << 16, ((unsigned)(unsigned short)(b0[v34])) | ((unsigned)(unsigned short)(b0[v40])) << 16, ((unsigned)(unsigned short)(b0[v46])) | ((unsigned)(unsigned short)(b0[v52])) << 16);
             bool v62 = v10 <= 4294967294u;
             unsigned v64 = v10 + 1u;
@@ -59,7 +59,7 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             bool v98 = v10 <= 4294967288u;
             unsigned v100 = v10 + 7u;
             unsigned v102 = v98 ? v100 : 4294967295u;
-            if (((unsigned long long)&a0[v10] & 15ull) == 0ull && v10 <= 4294967288u) {
+            if ((v10 & 7u) == 0u && v10 <= 4294967288u) {
                 *(uint4 *)&a0[v10] = bp_v53;
             } else {
                 a0[v10] = (unsigned short)((bp_v53.x >> 0));
@@ -93,7 +93,7 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             bool v141 = v10 <= 4294967288u;
             unsigned v143 = v10 + 7u;
             unsigned v145 = v141 ? v143 : 4294967295u;
-            if (((unsigned long long)&a0[v10] & 15ull) == 0ull && v10 <= 4294967288u) {
+            if ((v10 & 7u) == 0u && v10 <= 4294967288u) {
                 *(uint4 *)&a0[v10] = make_uint4(((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) | ((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) << 16, ((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) | ((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) << 16, ((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) | ((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) << 16, ((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) | ((unsigned)(unsigned short)((unsigned short)bp_f2h(0.0f))) << 16);
             } else {
                 a0[v10] = (unsigned short)bp_f2h(0.0f);
@@ -121,7 +121,7 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             unsigned v166 = v148 + 3u;
             unsigned v168 = v164 ? v166 : 4294967295u;
             uint4 bp_v169;
-            if (((unsigned long long)&b1[v148] & 15ull) == 0ull && v148 <= 4294967292u) bp_v169 = *(const uint4 *)&b1[v148];
+            if (((unsigned long long)b1 & 15ull) == 0ull && (v148 & 3u) == 0u && v148 <= 4294967292u) bp_v169 = *(const uint4 *)&b1[v148];
             else bp_v169 = make_uint4((__float_as_uint(b1[v148])), (__float_as_uint(b1[v156])), (__float_as_uint(b1[v162])), (__float_as_uint(b1[v168])));
             bool v174 = v150 <= 4294967294u;
             unsigned v176 = v150 + 1u;
@@ -132,7 +132,7 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             bool v186 = v150 <= 4294967292u;
             unsigned v188 = v150 + 3u;
             unsigned v190 = v186 ? v188 : 4294967295u;
-            if (((unsigned long long)&a1[v150] & 15ull) == 0ull && v150 <= 4294967292u) {
+            if ((v150 & 3u) == 0u && v150 <= 4294967292u) {
                 *(uint4 *)&a1[v150] = bp_v169;
             } else {
                 a1[v150] = __uint_as_float(bp_v169.x);
@@ -150,7 +150,7 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             bool v205 = v150 <= 4294967292u;
             unsigned v207 = v150 + 3u;
             unsigned v209 = v205 ? v207 : 4294967295u;
-            if (((unsigned long long)&a1[v150] & 15ull) == 0ull && v150 <= 4294967292u) {
+            if ((v150 & 3u) == 0u && v150 <= 4294967292u) {
                 *(uint4 *)&a1[v150] = make_uint4((__float_as_uint(0.0f)), (__float_as_uint(0.0f)), (__float_as_uint(0.0f)), (__float_as_uint(0.0f)));
             } else {
                 a1[v150] = 0.0f;
@@ -170,12 +170,12 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             unsigned v222 = v214 + 1u;
             unsigned v224 = v220 ? v222 : 4294967295u;
             uint2 bp_v225;
-            if (((unsigned long long)&b1[v214] & 7ull) == 0ull && v214 <= 4294967294u) bp_v225 = *(const uint2 *)&b1[v214];
+            if (((unsigned long long)b1 & 7ull) == 0ull && (v214 & 1u) == 0u && v214 <= 4294967294u) bp_v225 = *(const uint2 *)&b1[v214];
             else bp_v225 = make_uint2((__float_as_uint(b1[v214])), (__float_as_uint(b1[v224])));
             bool v228 = v218 <= 4294967294u;
             unsigned v230 = v218 + 1u;
             unsigned v232 = v228 ? v230 : 4294967295u;
-            if (((unsigned long long)&a1[v218] & 7ull) == 0ull && v218 <= 4294967294u) {
+            if ((v218 & 1u) == 0u && v218 <= 4294967294u) {
                 *(uint2 *)&a1[v218] = bp_v225;
             } else {
                 a1[v218] = __uint_as_float(bp_v225.x);
@@ -185,7 +185,7 @@ extern "C" __global__ void async_copies(const unsigned short *b0, const float *b
             bool v235 = v218 <= 4294967294u;
             unsigned v237 = v218 + 1u;
             unsigned v239 = v235 ? v237 : 4294967295u;
-            if (((unsigned long long)&a1[v218] & 7ull) == 0ull && v218 <= 4294967294u) {
+            if ((v218 & 1u) == 0u && v218 <= 4294967294u) {
                 *(uint2 *)&a1[v218] = make_uint2((__float_as_uint(0.0f)), (__float_as_uint(0.0f)));
             } else {
                 a1[v218] = 0.0f;

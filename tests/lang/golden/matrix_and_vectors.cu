@@ -36,7 +36,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         unsigned v49 = i0 + 7u;
         unsigned v51 = v47 ? v49 : 4294967295u;
         uint4 bp_v52;
-        if (((unsigned long long)&b0[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len0) bp_v52 = *(const uint4 *)&b0[i0];
+        if (((unsigned long long)b0 & 15ull) == 0ull && (i0 & 7u) == 0u && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len0) bp_v52 = *(const uint4 *)&b0[i0];
         else bp_v52 = make_uint4(((unsigned)(unsigned short)(((i0 < s.len0) ? b0[i0] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v15 < s.len0) ? b0[v15] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v21 < s.len0) ? b0[v21] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v27 < s.len0) ? b0[v27] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v33 < s.len0) ? b0[v33] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v39 < s.len0) ? b0[v39] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v45 < s.len0) ? b0[v45] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v51 < s.len0) ? b0[v51] : (unsigned short)0))) << 16);
         bool v61 = i0 <= 4294967294u;
         unsigned v63 = i0 + 1u;
@@ -59,7 +59,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         bool v97 = i0 <= 4294967288u;
         unsigned v99 = i0 + 7u;
         unsigned v101 = v97 ? v99 : 4294967295u;
-        if (((unsigned long long)&a0[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= 512ull) {
+        if ((i0 & 7u) == 0u && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= 512ull) {
             *(uint4 *)&a0[i0] = bp_v52;
         } else {
             if (i0 < 512u) a0[i0] = (unsigned short)((bp_v52.x >> 0));
@@ -93,7 +93,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         unsigned v141 = i0 + 7u;
         unsigned v143 = v139 ? v141 : 4294967295u;
         uint4 bp_v144;
-        if (((unsigned long long)&b1[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len1) bp_v144 = *(const uint4 *)&b1[i0];
+        if (((unsigned long long)b1 & 15ull) == 0ull && (i0 & 7u) == 0u && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= (unsigned long long)s.len1) bp_v144 = *(const uint4 *)&b1[i0];
         else bp_v144 = make_uint4(((unsigned)(unsigned short)(((i0 < s.len1) ? b1[i0] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v107 < s.len1) ? b1[v107] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v113 < s.len1) ? b1[v113] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v119 < s.len1) ? b1[v119] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v125 < s.len1) ? b1[v125] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v131 < s.len1) ? b1[v131] : (unsigned short)0))) << 16, ((unsigned)(unsigned short)(((v137 < s.len1) ? b1[v137] : (unsigned short)0))) | ((unsigned)(unsigned short)(((v143 < s.len1) ? b1[v143] : (unsigned short)0))) << 16);
         bool v153 = i0 <= 4294967294u;
         unsigned v155 = i0 + 1u;
@@ -116,7 +116,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
         bool v189 = i0 <= 4294967288u;
         unsigned v191 = i0 + 7u;
         unsigned v193 = v189 ? v191 : 4294967295u;
-        if (((unsigned long long)&a1[i0] & 15ull) == 0ull && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= 512ull) {
+        if ((i0 & 7u) == 0u && i0 <= 4294967288u && (unsigned long long)i0 + 8ull <= 512ull) {
             *(uint4 *)&a1[i0] = bp_v144;
         } else {
             if (i0 < 512u) a1[i0] = (unsigned short)((bp_v144.x >> 0));
@@ -206,7 +206,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
     bool v217 = v203 <= 4294967292u;
     unsigned v219 = v203 + 3u;
     unsigned v221 = v217 ? v219 : 4294967295u;
-    const bool bp_f222 = ((unsigned long long)&b2[v203] & 15ull) == 0ull && v203 <= 4294967292u && (unsigned long long)v203 + 4ull <= (unsigned long long)s.len2;
+    const bool bp_f222 = ((unsigned long long)b2 & 15ull) == 0ull && (v203 & 3u) == 0u && v203 <= 4294967292u && (unsigned long long)v203 + 4ull <= (unsigned long long)s.len2;
     uint4 bp_v222; if (bp_f222) bp_v222 = *(const uint4 *)&b2[v203];
     float v222 = bp_f222 ? __uint_as_float(bp_v222.x) : (v203 < s.len2) ? b2[v203] : 0.0f;
     float v223 = bp_f222 ? __uint_as_float(bp_v222.y) : (v209 < s.len2) ? b2[v209] : 0.0f;
@@ -226,7 +226,7 @@ extern "C" __global__ void matrix_and_vectors(const unsigned short *b0, const un
     bool v246 = v232 <= 4294967292u;
     unsigned v248 = v232 + 3u;
     unsigned v250 = v246 ? v248 : 4294967295u;
-    if (((unsigned long long)&b2[v232] & 15ull) == 0ull && v232 <= 4294967292u && (unsigned long long)v232 + 4ull <= (unsigned long long)s.len2) {
+    if (((unsigned long long)b2 & 15ull) == 0ull && (v232 & 3u) == 0u && v232 <= 4294967292u && (unsigned long long)v232 + 4ull <= (unsigned long long)s.len2) {
         *(uint4 *)&b2[v232] = make_uint4((__float_as_uint(v227)), (__float_as_uint(v228)), (__float_as_uint(v229)), (__float_as_uint(v230)));
     } else {
         if (v232 < s.len2) b2[v232] = v227;
