@@ -6,8 +6,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,17 +55,58 @@ const std::vector<Suite> &suites() {
     return all;
 }
 
-int usage() {
+int usage(bool asked = false) {
+    std::FILE *out = asked ? stdout : stderr;
     std::fputs("usage: backplane bench [SUITE...] [--quick] [--json] [--device SELECTOR]\nsuites:",
-               stderr);
-    for (const Suite &s : suites()) std::fprintf(stderr, " %s", s.name);
-    std::fputs("\n", stderr);
-    return 2;
+               out);
+    for (const Suite &s : suites()) std::fprintf(out, " %s", s.name);
+    std::fputs("\n", out);
+    return asked ? 0 : 2;
+}
+
+/// Whether a row meets its target ("<= 1.10x", ">= 0.80x": the ratio against it); nothing
+/// for a row without a target or without a raw figure.
+std::optional<bool> targetMet(const BenchRow &r) {
+    if (r.raw == 0 || r.target.size() < 4) return std::nullopt;
+    const std::string op = r.target.substr(0, 2);
+    if (op != "<=" && op != ">=") return std::nullopt;
+    double bound = 0;
+    if (std::sscanf(r.target.c_str() + 2, " %lf", &bound) != 1) return std::nullopt;
+    return op == "<=" ? r.ratio() <= bound : r.ratio() >= bound;
+}
+
+/// The rows as a table whose columns fit the longest text (nothing is cut), each target marked
+/// met or MISSED, and a summary line.
+void printTable(const BenchRows &rows) {
+    size_t suiteWidth = 5, deviceWidth = 6, whatWidth = 4, unitWidth = 4;
+    for (const BenchRow &r : rows) {
+        suiteWidth = std::max(suiteWidth, r.suite.size());
+        deviceWidth = std::max(deviceWidth, r.device.size());
+        whatWidth = std::max(whatWidth, r.what.size());
+        unitWidth = std::max(unitWidth, r.unit.size());
+    }
+    const auto w = [](size_t n) { return static_cast<int>(n); };
+    std::printf("%-*s %-*s %-*s %12s %12s %-*s %8s  %s\n", w(suiteWidth), "suite", w(deviceWidth),
+                "device", w(whatWidth), "what", "runtime", "raw", w(unitWidth), "unit", "ratio",
+                "target");
+    size_t met = 0, missed = 0;
+    for (const BenchRow &r : rows) {
+        const std::optional<bool> ok = targetMet(r);
+        if (ok) ++(*ok ? met : missed);
+        const std::string mark = !ok ? "" : *ok ? "  met" : "  MISSED";
+        std::printf("%-*s %-*s %-*s %12.3f %12.3f %-*s %7.2fx  %s%s\n", w(suiteWidth),
+                    r.suite.c_str(), w(deviceWidth), r.device.c_str(), w(whatWidth), r.what.c_str(),
+                    r.runtime, r.raw, w(unitWidth), r.unit.c_str(), r.ratio(), r.target.c_str(),
+                    mark.c_str());
+    }
+    std::printf("\n%zu rows: %zu with a target met, %zu missed, %zu without a target\n", rows.size(),
+                met, missed, rows.size() - met - missed);
 }
 
 } // namespace
 
 int runBench(const Args &args) {
+    if (wantsHelp(args)) return usage(true);
     BenchOptions options;
     bool json = false;
     std::vector<std::string> wanted;
@@ -79,32 +125,43 @@ int runBench(const Args &args) {
             return usage();
         }
     }
-    BenchRows rows;
+    std::vector<const Suite *> chosen;
     for (const Suite &s : suites()) {
         bool selected = wanted.empty();
         for (const std::string &w : wanted) selected = selected || w == s.name;
-        if (!selected) continue;
+        if (selected) chosen.push_back(&s);
+    }
+    // Progress on a terminal only: piped output (CI logs, files) stays the table alone.
+    const bool progress = ::isatty(STDERR_FILENO) == 1;
+    BenchRows rows;
+    for (size_t i = 0; i < chosen.size(); ++i) {
+        const Suite &s = *chosen[i];
+        const auto start = std::chrono::steady_clock::now();
+        if (progress) std::fprintf(stderr, "[%zu/%zu] bench %s ...\n", i + 1, chosen.size(), s.name);
+        const size_t before = rows.size();
         try {
             s.run(options, rows);
         } catch (const Error &e) {
             std::fprintf(stderr, "backplane bench %s: %s\n", s.name, e.what());
         }
+        if (progress)
+            std::fprintf(stderr, "[%zu/%zu] bench %s: %zu rows in %.1f s\n", i + 1, chosen.size(),
+                         s.name, rows.size() - before,
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     if (json) {
         nlohmann::json out = nlohmann::json::array();
-        for (const BenchRow &r : rows)
+        for (const BenchRow &r : rows) {
+            const std::optional<bool> met = targetMet(r);
             out.push_back({{"suite", r.suite}, {"device", r.device}, {"what", r.what},
                            {"runtime", r.runtime}, {"raw", r.raw}, {"unit", r.unit},
-                           {"ratio", r.ratio()}, {"target", r.target}});
+                           {"ratio", r.ratio()}, {"target", r.target},
+                           {"met", met ? nlohmann::json(*met) : nlohmann::json(nullptr)}});
+        }
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
     }
-    std::printf("%-8s %-28s %-62s %12s %12s %-6s %8s  %s\n", "suite", "device", "what", "runtime",
-                "raw", "unit", "ratio", "target");
-    for (const BenchRow &r : rows)
-        std::printf("%-8s %-28.28s %-62.62s %12.3f %12.3f %-6s %7.2fx  %s\n", r.suite.c_str(),
-                    r.device.c_str(), r.what.c_str(), r.runtime, r.raw, r.unit.c_str(), r.ratio(),
-                    r.target.c_str());
+    printTable(rows);
     return 0;
 }
 

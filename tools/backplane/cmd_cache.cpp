@@ -32,15 +32,16 @@ std::optional<CacheKind> parseKind(const std::string &text) {
     return std::nullopt;
 }
 
-int usage() {
-    std::fprintf(stderr, "usage: backplane cache [info] [--dir DIR] [--json]\n"
+int usage(bool asked = false) {
+    std::fprintf(asked ? stdout : stderr, "usage: backplane cache [info] [--dir DIR] [--json]\n"
                          "       backplane cache clear [kernels|tune|pipelines|probes] [--dir DIR]\n");
-    return 2;
+    return asked ? 0 : 2;
 }
 
 } // namespace
 
 int runCache(const Args &args) {
+    if (wantsHelp(args)) return usage(true);
     std::string action = "info";
     std::optional<std::string> dirOverride;
     std::optional<CacheKind> kind;

@@ -177,16 +177,14 @@ int check(const std::string &file) {
 } // namespace
 
 int runConfig(const Args &args) {
+    static constexpr const char *kUsage =
+        "usage: backplane config check FILE   validate FILE (every error, and warnings about "
+        "plugins and devices not present), print the effective settings (file + environment)\n"
+        "       backplane config show         print the settings in effect now\n";
+    if (wantsHelp(args)) return printUsage(kUsage, true);
     const bool checking = args.size() == 2 && args[0] == "check";
     const bool show = args.size() == 1 && args[0] == "show";
-    if (!checking && !show) {
-        std::fputs("usage: backplane config check FILE   validate FILE (every error, and warnings "
-                   "about plugins and devices not present), print the effective settings (file + "
-                   "environment)\n"
-                   "       backplane config show         print the settings in effect now\n",
-                   stderr);
-        return 2;
-    }
+    if (!checking && !show) return printUsage(kUsage, false);
     if (checking) return check(args[1]);
     try {
         std::printf("%s\n", toJson(loadConfig()).c_str());

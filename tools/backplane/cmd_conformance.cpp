@@ -72,8 +72,7 @@ int runConformance(const Args &args) {
             }
             (isDevice ? device : timeoutSeconds) = static_cast<uint32_t>(*value);
         } else if (a == "--help" || a == "-h") {
-            std::fputs(kUsage, stdout);
-            return 0;
+            return printUsage(kUsage, true);
         } else {
             std::fprintf(stderr, "backplane conformance: unexpected argument '%s'\n\n%s",
                          a.c_str(), kUsage);

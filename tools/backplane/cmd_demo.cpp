@@ -207,6 +207,11 @@ int runDataParallel(const std::string &which) {
 } // namespace
 
 int runDemo(const Args &args) {
+    static constexpr const char *kUsage =
+        "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...]\n"
+        "Runs the built-in workload (a matmul, checked against the host) on the best device\n"
+        "present, or the one SELECTOR names; --devices runs it data-parallel over several.\n";
+    if (wantsHelp(args)) return printUsage(kUsage, true);
     std::string selector;
     std::string many;
     for (size_t i = 0; i < args.size(); ++i) {
@@ -215,9 +220,8 @@ int runDemo(const Args &args) {
         } else if (args[i] == "--devices" && i + 1 < args.size()) {
             many = args[++i];
         } else {
-            std::fprintf(stderr,
-                         "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...]\n");
-            return 2;
+            std::fprintf(stderr, "backplane demo: unknown argument '%s'\n", args[i].c_str());
+            return printUsage(kUsage, false);
         }
     }
     if (!many.empty()) {

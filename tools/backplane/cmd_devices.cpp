@@ -88,6 +88,27 @@ void printReport(const Runtime &runtime) {
         for (const auto &d : runtime.devices())
             for (const auto &r : d.routes)
                 std::printf("  %s: %s\n", r.id().c_str(), r.features.describe().c_str());
+        std::printf("\nLimits and capabilities (per route)\n");
+        for (const auto &d : runtime.devices())
+            for (const auto &r : d.routes) {
+                std::string caps;
+                const std::pair<uint32_t, const char *> names[] = {
+                    {BP_CAPABILITY_ASYNC_STREAMS, "async streams"},
+                    {BP_CAPABILITY_TIMESTAMPS, "timestamps"},
+                    {BP_CAPABILITY_PEER_COPY, "peer copy"},
+                    {BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY, "mappable memory"},
+                    {BP_CAPABILITY_INDIRECT_DISPATCH, "indirect dispatch"},
+                    {BP_CAPABILITY_PORTABLE_BINARIES, "portable binaries"}};
+                for (const auto &[bit, name] : names)
+                    if ((r.capabilities & bit) != 0) caps += std::string(caps.empty() ? "" : ", ") + name;
+                const std::string shared = r.maxSharedMemoryBytes == 0
+                                               ? std::string("not reported")
+                                               : std::to_string(r.maxSharedMemoryBytes / 1024) + " KiB";
+                std::printf("  %s: subgroup %u, block up to %u threads, shared memory %s, "
+                            "streams %u; %s\n",
+                            r.id().c_str(), r.subgroupSize, r.maxBlockThreads, shared.c_str(),
+                            r.maxStreams, caps.empty() ? "no optional capabilities" : caps.c_str());
+            }
         std::printf("\nCollectives (per route; devices without them use the staged path)\n");
         for (const auto &d : runtime.devices())
             for (const auto &r : d.routes) {
@@ -110,13 +131,18 @@ void printReport(const Runtime &runtime) {
 } // namespace
 
 int runDevices(const Args &args) {
+    static constexpr const char *kUsage =
+        "usage: backplane devices [--json]\n"
+        "Lists the plugins found, the devices each one has and why each candidate was or was\n"
+        "not used (docs/devices-json.md: the --json form).\n";
+    if (wantsHelp(args)) return printUsage(kUsage, true);
     bool json = false;
     for (const auto &a : args) {
         if (a == "--json") {
             json = true;
         } else {
-            std::fprintf(stderr, "usage: backplane devices [--json]\n");
-            return 2;
+            std::fprintf(stderr, "backplane devices: unknown argument '%s'\n", a.c_str());
+            return printUsage(kUsage, false);
         }
     }
     try {

@@ -25,10 +25,7 @@ constexpr const char *kUsage =
     "           row_sum_<f16|bf16|f32>_<block>, softmax_rows_<f16|bf16|f32>_<block>,\n"
     "           matmul_mu_<f16|bf16|f32>_<M>x<N>x<K>_w<warpsM>x<warpsN>_v<vector>_s<stages>[a]\n";
 
-int usage() {
-    std::fputs(kUsage, stderr);
-    return 2;
-}
+int usage() { return printUsage(kUsage, false); }
 
 struct NamedDialect {
     const char *name;
@@ -255,6 +252,7 @@ int dump(const Args &args) {
 } // namespace
 
 int runKernels(const Args &args) {
+    if (wantsHelp(args)) return printUsage(kUsage, true);
     if (args.empty() || args[0] != "dump") return usage();
     try {
         return dump(Args(args.begin() + 1, args.end()));

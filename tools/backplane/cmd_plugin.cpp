@@ -199,11 +199,8 @@ int runNew(const Args &args) {
 } // namespace
 
 int runPlugin(const Args &args) {
+    if (wantsHelp(args) || (!args.empty() && args[0] == "help")) return printUsage(kUsage, true);
     if (args.empty()) return usageError("say what to do: new");
-    if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-        std::fputs(kUsage, stdout);
-        return 0;
-    }
     if (args[0] == "new") return runNew(Args(args.begin() + 1, args.end()));
     return usageError("unknown subcommand '" + args[0] + "' (known: new)");
 }

@@ -29,8 +29,8 @@ constexpr int kBundleVersion = 1;
 constexpr uintmax_t kMaxBundleBytes = 16u << 20;
 constexpr size_t kMaxDepth = 32;
 
-int usage() {
-    std::fprintf(stderr,
+int usage(bool asked = false) {
+    std::fprintf(asked ? stdout : stderr,
                  "usage: backplane tune list [--json] [--dir DIR]\n"
                  "       backplane tune clear [--dir DIR]\n"
                  "       backplane tune export FILE [--dir DIR]\n"
@@ -38,7 +38,7 @@ int usage() {
                  "export writes every tuning result of this backplane version as one JSON "
                  "bundle;\nimport stores a bundle's results so a deployment skips cold-start "
                  "tuning (--force: accept a bundle of another backplane version).\n");
-    return 2;
+    return asked ? 0 : 2;
 }
 
 std::vector<tune::TuneRecord> records(const CacheStore &store) {
@@ -215,6 +215,7 @@ int importBundle(CacheStore &store, const std::string &file, bool force) {
 } // namespace
 
 int runTune(const Args &args) {
+    if (wantsHelp(args)) return usage(true);
     std::vector<std::string> positional;
     std::optional<std::string> dirOverride;
     bool json = false, force = false;

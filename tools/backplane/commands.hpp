@@ -1,12 +1,27 @@
 // The backplane command's subcommands: one function each, one file each (cmd_<name>.cpp).
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 namespace backplane::tool {
 
 using Args = std::vector<std::string>; ///< the arguments after the subcommand's name
+
+/// Whether the arguments ask for help (--help or -h anywhere): every command then prints its
+/// usage to stdout and exits 0.
+inline bool wantsHelp(const Args &args) {
+    for (const std::string &a : args)
+        if (a == "--help" || a == "-h") return true;
+    return false;
+}
+/// Prints a command's usage: asked for (stdout, exit status 0) or after a usage error (stderr,
+/// exit status 2). Returns the exit status.
+inline int printUsage(const char *text, bool asked) {
+    std::fputs(text, asked ? stdout : stderr);
+    return asked ? 0 : 2;
+}
 
 /// Each returns the process exit code and prints its own errors. Defined in cmd_<name>.cpp;
 /// main.cpp dispatches to the ones that exist (BACKPLANE_HAVE_CMD_<NAME>).
