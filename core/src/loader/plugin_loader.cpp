@@ -68,24 +68,6 @@ std::vector<fs::path> sortedEntries(const fs::path &dir, bool directories) {
     return out;
 }
 
-/// Names the selectors of a `required` preference restrict loading to, or {} when any plugin
-/// could serve them (some selector is "*", "*:gpu"...).
-std::optional<std::vector<std::string>> requiredBackends(const Config &config) {
-    if (!config.deviceRequired || config.devicePreference.empty()) return std::nullopt;
-    std::vector<std::string> names;
-    for (const auto &text : config.devicePreference) {
-        DeviceSelector selector;
-        try {
-            selector = parseSelector(text);
-        } catch (const Error &) {
-            return std::nullopt; // select() reports the bad selector; do not filter on it here
-        }
-        if (!selector.namesBackend()) return std::nullopt;
-        if (!contains(names, selector.backend)) names.push_back(selector.backend);
-    }
-    return names;
-}
-
 std::string pluginCacheDir(const Config &config, const std::string &name) {
     const fs::path root = cacheDirectory(config);
     if (root.empty()) return {};
@@ -409,7 +391,6 @@ std::vector<fs::path> findManifests(const std::vector<fs::path> &path) {
 LoadedPlugins loadPlugins(const Config &config) {
     LoadedPlugins result;
     result.searchPath = pluginSearchPath(config);
-    const auto required = requiredBackends(config);
     std::map<std::string, fs::path> winners; // plugin name -> manifest that claimed it
     std::vector<Candidate> candidates;
 
@@ -444,10 +425,6 @@ LoadedPlugins loadPlugins(const Config &config) {
             } else if (contains(config.pluginDisable, manifest.name)) {
                 report.state = PluginState::FilteredOut;
                 report.reason = "listed in plugins.disable";
-            } else if (required && !contains(*required, manifest.name)) {
-                report.state = PluginState::FilteredOut;
-                report.reason = "devices.required is set and " + preferenceOrigin(config) +
-                                " names only " + joined(*required);
             } else {
                 Candidate c;
                 c.report = result.reports.size();
