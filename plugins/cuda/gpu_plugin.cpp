@@ -72,6 +72,7 @@ class GpuPlugin : public sdk::Plugin {
 public:
     static constexpr const char *kName = bpv::kPluginName;
     static constexpr const char *kVersion = bpv::kPluginVersion;
+    static constexpr const char *kOptionsSchema = bpv::kOptionsSchema;
 
     // Cheap: parses the options; the driver is loaded by the first probe, NCCL by the first
     // device_info or collective call.

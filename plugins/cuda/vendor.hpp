@@ -57,6 +57,9 @@ inline constexpr const char *kRtcLibraries[] = {
 /// bp_device_info::collectives and as the plugin options key ({"nccl": {"library": PATH}}), the
 /// soname opened by default, and the environment variable that overrides the path.
 inline constexpr const char *kCollectivesName = "nccl";
+/// The options schema the plugin publishes (ABI 1.5; gpu_options.cpp parses the same).
+inline constexpr const char *kOptionsSchema =
+    R"schema({"type": "object", "additionalProperties": false, "properties": {"nccl": {"type": "object", "additionalProperties": false, "description": "the collectives library", "properties": {"library": {"type": "string", "maxLength": 4095, "description": "path or soname of NCCL (default: libnccl.so.2)"}}}}})schema";
 inline constexpr const char *kCollectivesProduct = "NCCL";
 inline constexpr const char *kCollectivesLibrary = "libnccl.so.2";
 inline constexpr const char *kCollectivesEnvironment = "BACKPLANE_NCCL_LIBRARY";

@@ -48,6 +48,9 @@ inline constexpr const char *kRtcLibraries[] = {"libhiprtc.so.6",   "libhiprtc.s
 
 /// RCCL implements the NCCL API (same names, types and values) for HIP.
 inline constexpr const char *kCollectivesName = "rccl";
+/// The options schema the plugin publishes (ABI 1.5; gpu_options.cpp parses the same).
+inline constexpr const char *kOptionsSchema =
+    R"schema({"type": "object", "additionalProperties": false, "properties": {"rccl": {"type": "object", "additionalProperties": false, "description": "the collectives library", "properties": {"library": {"type": "string", "maxLength": 4095, "description": "path or soname of RCCL (default: librccl.so.1)"}}}}})schema";
 inline constexpr const char *kCollectivesProduct = "RCCL";
 inline constexpr const char *kCollectivesLibrary = "librccl.so.1";
 inline constexpr const char *kCollectivesEnvironment = "BACKPLANE_RCCL_LIBRARY";

@@ -36,6 +36,12 @@ struct HostOptions {
     bool matrixUnits = true;
 };
 
+/// The schema of these options that the plugin publishes (bp_plugin_api::options_schema, ABI 1.5):
+/// `backplane config check` validates a config against it, `backplane devices --options host`
+/// prints it. Keep it in step with parseHostOptions (tests/host: every key it lists parses).
+inline constexpr const char kHostOptionsSchema[] =
+    R"schema({"type": "object", "additionalProperties": false, "properties": {"devices": {"type": "integer", "minimum": 1, "maximum": 64, "default": 1, "description": "number of identical host devices (host:0, host:1, ...), for peer copies and collectives on one machine"},"memory_bytes": {"type": "integer", "minimum": 1, "maximum": 9223372036854775807, "description": "cap on the bytes allocated per device (default: the physical RAM)"},"mode": {"type": "string", "enum": ["async", "sync"], "default": "async", "description": "async: a worker thread per stream; sync: every operation runs inline on the calling thread"},"workers": {"type": "integer", "minimum": 1, "maximum": 1024, "description": "threads that run the workgroups of one launch (default: min(hardware threads, 4))"},"disable_types": {"type": "array", "items": {"type": "string", "enum": ["i8", "u8", "i16", "u16", "i64", "u64", "f16", "bf16", "f64"]}, "default": [], "description": "element types removed from the kernel features, to fake a smaller device"},"matrix_units": {"type": "boolean", "default": true, "description": "false: report no matrix-unit shapes (a device without them)"},"collectives": {"type": "object", "additionalProperties": false, "description": "where the Gloo communicators connect", "properties": {  "address": {"type": "string", "maxLength": 255, "description": "address the rendezvous store and Gloo bind (BACKPLANE_GLOO_ADDRESS overrides it)"},  "interface": {"type": "string", "maxLength": 255, "description": "network interface Gloo's TCP device binds to (BACKPLANE_GLOO_INTERFACE overrides it)"},  "module": {"type": "string", "maxLength": 4095, "description": "the Gloo module's file (default: libbackplane_host_gloo.so next to the plugin; BACKPLANE_GLOO_MODULE overrides it)"}}}}})schema";
+
 /// Parses the options JSON text. Throws sdk::Error(BP_ERROR_INVALID_ARGUMENT) whose message names
 /// the offending key and the values it accepts.
 HostOptions parseHostOptions(std::string_view json);

@@ -59,6 +59,7 @@ class HostPlugin final : public sdk::Plugin {
 public:
     static constexpr const char *kName = "host";
     static constexpr const char *kVersion = "1.0.0";
+    static constexpr const char *kOptionsSchema = kHostOptionsSchema;
 
     // Cheap: parses the options and reads /proc/cpuinfo; the Gloo module is loaded by the first
     // device_info or collective call (gloo_loader.hpp).

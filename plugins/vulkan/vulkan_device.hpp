@@ -82,6 +82,8 @@ class VulkanPlugin : public sdk::Plugin {
 public:
     static constexpr const char *kName = "vulkan";
     static constexpr const char *kVersion = "0.1.0";
+    /// The options schema (ABI 1.5; docs/vulkan.md lists the same options).
+    static constexpr const char *kOptionsSchema = R"schema({"type": "object", "additionalProperties": false, "properties": {"validation": {"type": "boolean", "default": false, "description": "enable VK_LAYER_KHRONOS_validation and a debug messenger (also BACKPLANE_VULKAN_VALIDATION=1)"}, "push_descriptors": {"type": "boolean", "default": true, "description": "use VK_KHR_push_descriptor where the device has it"}, "batch_commands": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 64, "description": "commands recorded per submit at most"}, "shader_copy": {"type": "string", "enum": ["auto", "on", "off"], "default": "auto", "description": "device-to-device copies through a compute shader; auto: on discrete GPUs"}}})schema";
 
     explicit VulkanPlugin(const bp_plugin_init_args &args);
     ~VulkanPlugin() override;

@@ -356,3 +356,40 @@ TEST_CASE("remembers whether devices.prefer came from the file or from BACKPLANE
     CHECK(none.devicePreferenceSource.empty());
     CHECK(backplane::toJson(none).find("\"prefer_source\": null") != std::string::npos);
 }
+
+TEST_CASE("plugin options against a schema: every problem with its pointer, never a throw") {
+    const std::string schema = R"({"type": "object", "additionalProperties": false, "properties": {
+        "n": {"type": "integer", "minimum": 1, "maximum": 18446744073709551615},
+        "x": {"type": "number", "minimum": -1.5, "maximum": 2},
+        "s": {"type": "string", "maxLength": 3, "enum": ["ab", "abc"]},
+        "list": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "inner": {"type": "object", "additionalProperties": false, "properties": {"b": {"type": "boolean"}}},
+        "open": {"type": "object"}}})";
+    CHECK(backplane::checkPluginOptions(schema, R"({"n": 18446744073709551615, "x": 2, "s": "ab",
+        "list": [0, 7], "inner": {"b": true}, "open": {"anything": 1}})", "/o").empty());
+    const std::vector<std::string> problems = backplane::checkPluginOptions(
+        schema, R"({"n": -3, "x": 2.5, "s": "abcd", "list": [1, -1, "z"], "inner": {"c": 1}, "zz": 0})",
+        "/o");
+    const auto has = [&](const std::string &text) {
+        for (const std::string &p : problems)
+            if (p.find(text) != std::string::npos) return true;
+        return false;
+    };
+    CAPTURE(problems.size());
+    CHECK(has("/o/n: -3 is less than the minimum 1"));
+    CHECK(has("/o/x: 2.5 is more than the maximum 2"));
+    CHECK(has("/o/s: a string of 4 bytes, more than 3"));
+    CHECK(has("/o/s: \"abcd\" is not one of \"ab\", \"abc\""));
+    CHECK(has("/o/list/1: -1 is less than the minimum 0"));
+    CHECK(has("/o/list/2: expected an integer, got \"z\""));
+    CHECK(has("/o/inner/c: unknown option 'c' (known here: b)"));
+    CHECK(has("/o/zz: unknown option 'zz'"));
+    CHECK(problems.size() == 8);
+    // No schema: nothing to check. A malformed schema or options: one message, no throw.
+    CHECK(backplane::checkPluginOptions("", R"({"a": 1})", "/o").empty());
+    CHECK(backplane::checkPluginOptions("[1", "{}", "/o").size() == 1);
+    CHECK(backplane::checkPluginOptions(schema, "{\"n\": 1e999}", "/o").size() == 1);
+    const std::string deep = std::string(200, '[') + std::string(200, ']');
+    CHECK(backplane::checkPluginOptions(schema, deep, "/o").size() == 1);
+    CHECK(backplane::describePluginOptions(schema).find("  inner.b  boolean") != std::string::npos);
+}

@@ -79,8 +79,10 @@ std::vector<NameUse> pluginNamesOf(const Config &config) {
 }
 
 /// Warnings that need the machine: plugin names no installed plugin has, selectors that match
-/// no device present, plugins that refuse the options the file gives them.
-std::vector<std::string> machineWarnings(const Config &checked, const std::string &file) {
+/// no device present. Errors: options that break the schema their plugin publishes (every
+/// one), and plugins that refuse the options the file gives them.
+std::vector<std::string> machineWarnings(const Config &checked, const std::string &file,
+                                         std::vector<std::string> &errors) {
     Config config = checked;
     config.deviceRequired = false; // look at every plugin, whatever the selection would load
     std::vector<std::string> warnings;
@@ -132,10 +134,19 @@ std::vector<std::string> machineWarnings(const Config &checked, const std::strin
                                    "' matches no device present: " + oneLine(e.what()));
             }
         }
-        for (const PluginReport &r : runtime.plugins())
-            if (r.state == PluginState::InitFailed && config.pluginOptions.count(r.name) != 0)
-                warnings.push_back(file + ": /plugins/options/" + r.name + ": plugin '" + r.name +
-                                   "' did not start with these options: " + r.reason);
+        for (const PluginReport &r : runtime.plugins()) {
+            const auto options = config.pluginOptions.find(r.name);
+            if (options == config.pluginOptions.end()) continue;
+            const std::vector<std::string> problems =
+                checkPluginOptions(r.optionsSchema, options->second, "/plugins/options/" + r.name);
+            for (const std::string &problem : problems)
+                errors.push_back(file + ": " + problem + " (`backplane devices --options " + r.name +
+                                 "` lists the plugin's options)");
+            // The plugin's own check, for what a schema cannot say (and plugins without one).
+            if (r.state == PluginState::InitFailed && problems.empty())
+                errors.push_back(file + ": /plugins/options/" + r.name + ": plugin '" + r.name +
+                                 "' did not start with these options: " + r.reason);
+        }
     } catch (const Error &e) {
         warnings.push_back(file + ": could not look for plugins and devices: " + e.what());
     }
@@ -156,7 +167,12 @@ int check(const std::string &file) {
     }
     for (const std::string &error : result.errors)
         std::fprintf(stderr, "backplane config: error: %s\n", error.c_str());
-    const std::vector<std::string> warnings = machineWarnings(result.config, file);
+    std::vector<std::string> optionErrors;
+    const std::vector<std::string> warnings = machineWarnings(result.config, file, optionErrors);
+    for (const std::string &error : optionErrors) {
+        std::fprintf(stderr, "backplane config: error: %s\n", error.c_str());
+        result.errors.push_back(error);
+    }
     for (const std::string &warning : warnings)
         std::fprintf(stderr, "backplane config: warning: %s\n", warning.c_str());
     if (!result.errors.empty()) {

@@ -130,13 +130,47 @@ void printReport(const Runtime &runtime) {
 
 } // namespace
 
+/// `backplane devices --options PLUGIN`: the plugin's options schema as text.
+int printOptions(const std::string &name) {
+    try {
+        Config config = loadConfig();
+        config.deviceRequired = false;
+        const Runtime runtime(config);
+        std::string names;
+        for (const PluginReport &r : runtime.plugins()) {
+            if (r.name.empty()) continue;
+            names += (names.empty() ? "" : ", ") + r.name;
+            if (r.name != name) continue;
+            if (r.version.empty()) {
+                std::fprintf(stderr,
+                             "backplane devices: plugin '%s' was not opened (%s: %s), so its "
+                             "options schema was not read\n",
+                             name.c_str(), toString(r.state), r.reason.c_str());
+                return 1;
+            }
+            std::printf("Options of plugin '%s' %s (config: plugins.options.%s)\n%s", name.c_str(),
+                        r.version.c_str(), name.c_str(), describePluginOptions(r.optionsSchema).c_str());
+            return 0;
+        }
+        std::fprintf(stderr, "backplane devices: no plugin named '%s' was found (found: %s)\n",
+                     name.c_str(), names.empty() ? "none" : names.c_str());
+        return 1;
+    } catch (const Error &e) {
+        std::fprintf(stderr, "backplane devices: %s\n", e.what());
+        return 1;
+    }
+}
+
 int runDevices(const Args &args) {
     static constexpr const char *kUsage =
         "usage: backplane devices [--json]\n"
+        "       backplane devices --options PLUGIN\n"
         "Lists the plugins found, the devices each one has and why each candidate was or was\n"
-        "not used (docs/devices-json.md: the --json form).\n";
+        "not used (docs/devices-json.md: the --json form); --options prints the options a\n"
+        "plugin takes (config plugins.options.PLUGIN), from the schema it publishes.\n";
     if (wantsHelp(args)) return printUsage(kUsage, true);
     bool json = false;
+    if (args.size() == 2 && args[0] == "--options") return printOptions(args[1]);
     for (const auto &a : args) {
         if (a == "--json") {
             json = true;

@@ -149,6 +149,17 @@ struct ConfigCheck {
 /// read or is not JSON (nothing further can be checked then).
 ConfigCheck checkConfigFile(const std::filesystem::path &file);
 
+/// A plugin's options (`plugins.options.<name>`, JSON text) against the schema the plugin
+/// publishes (PluginReport::optionsSchema, ABI 1.5): every problem, each "POINTER: what is
+/// wrong" with POINTER starting at `where` ("/plugins/options/host"). Empty when they conform
+/// or the plugin publishes no schema. Never throws.
+std::vector<std::string> checkPluginOptions(const std::string &schemaJson,
+                                            const std::string &optionsJson,
+                                            const std::string &where);
+/// The schema as text, one option a line (name, type, range, default) with its description
+/// below: what `backplane devices --options NAME` prints.
+std::string describePluginOptions(const std::string &schemaJson);
+
 /// Applies BACKPLANE_* environment overrides to `config`. Throws Error(Config) naming the
 /// variable on a bad value.
 void applyEnvironment(Config &config);

@@ -52,6 +52,9 @@ struct PluginReport {
                              ///< opened (even when loading failed after that), else the manifest's
     uint32_t abiMinor = 0;
     std::string driverVersion; ///< from the probe, "" if unknown
+    /// The schema of the plugin's options (ABI 1.5; checkPluginOptions reads it), "" when the
+    /// plugin publishes none or its table was not read.
+    std::string optionsSchema;
     uint32_t deviceCount = 0;  ///< devices the probe reported
     /// How the probe result was obtained: "isolated" (a backplane-probe child ran this time),
     /// "cached" (a record from an earlier run; no child), "in_process" (plugins.probe is

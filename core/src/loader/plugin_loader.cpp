@@ -297,6 +297,7 @@ void applyOutcome(ProbeOutcome outcome, const Candidate &c, PluginReport &report
     report.probe = c.probe;
     if (!outcome.version.empty() || outcome.abiMajor != 0) {
         report.version = outcome.version;
+        report.optionsSchema = outcome.optionsSchema;
         report.abiMajor = outcome.abiMajor;
         report.abiMinor = outcome.abiMinor;
     }

@@ -28,6 +28,7 @@ PluginState stateOf(LoadFailure failure) {
 /// read, loaded or not (abiMajor 0: it was not).
 void setTable(ProbeOutcome &out, const TableIdentity &table) {
     out.version = table.version;
+    out.optionsSchema = table.optionsSchema;
     out.abiMajor = table.abiMajor;
     out.abiMinor = table.abiMinor;
 }
@@ -60,7 +61,8 @@ ProbeOutcome probePlugin(const std::filesystem::path &path, const std::string &n
         out.reason = "cannot load " + path.string() + ": " + e.what();
         return out;
     }
-    setTable(out, {library->api().abi_major, library->abiMinor(), library->version()});
+    setTable(out, {library->api().abi_major, library->abiMinor(), library->version(),
+                   library->optionsSchema()});
     bp_probe_result probe{};
     try {
         stage("probe");
@@ -267,7 +269,8 @@ Json outcomeJson(const ProbeOutcome &o) {
     return {{"state", toString(o.state)},   {"reason", o.reason},
             {"version", o.version},         {"abi_major", o.abiMajor},
             {"abi_minor", o.abiMinor},      {"driver_version", o.driverVersion},
-            {"device_count", o.deviceCount}, {"devices", devices}};
+            {"device_count", o.deviceCount}, {"devices", devices},
+            {"options_schema", o.optionsSchema}};
 }
 
 ProbeOutcome outcomeFromJson(const Json &j, const std::string &backend) {
@@ -282,6 +285,8 @@ ProbeOutcome outcomeFromJson(const Json &j, const std::string &backend) {
     o.abiMajor = static_cast<uint32_t>(r.number("abi_major"));
     o.abiMinor = static_cast<uint32_t>(r.number("abi_minor"));
     o.driverVersion = r.text("driver_version");
+    // Answers of a backplane-probe older than ABI 1.5 have no schema.
+    if (j.contains("options_schema")) o.optionsSchema = r.text("options_schema");
     o.deviceCount = static_cast<uint32_t>(r.number("device_count", kMaxDevicesPerPlugin));
     const Json &devices = r.at("devices");
     if (!devices.is_array() || devices.size() > o.deviceCount)

@@ -23,6 +23,7 @@ struct ProbeOutcome {
     PluginState state = PluginState::LibraryLoadFailed;
     std::string reason;          ///< "" when Loaded without failures
     std::string version;         ///< the plugin's own version ("" if its table was not read)
+    std::string optionsSchema;   ///< the table's options schema (ABI 1.5), "" if none
     uint32_t abiMajor = 0;
     uint32_t abiMinor = 0;
     std::string driverVersion;   ///< from the probe

@@ -91,6 +91,9 @@ std::string demangled(const char *name) {
 /// A string the plugin's table points at (plugin_name, plugin_version): at most 256 bytes.
 std::string tableString(const char *text) { return text ? fieldText(text, 256) : std::string(); }
 
+/// The most of a plugin's options schema that is read (docs/plugin-abi.md).
+constexpr size_t kMaxOptionsSchemaBytes = 64 * 1024;
+
 } // namespace
 
 std::string fieldText(const char *text, size_t capacity) {
@@ -204,6 +207,10 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
                 "; rebuild the plugin against this backplane's headers",
             identity);
     identity.version = tableString(api->plugin_version); // inside struct_size: checked above
+    if (api->abi_minor >= 5 &&
+        api->struct_size >= offsetof(bp_plugin_api, options_schema) + sizeof(const char *) &&
+        api->options_schema != nullptr)
+        identity.optionsSchema = fieldText(api->options_schema, kMaxOptionsSchemaBytes);
     if (api->struct_size < kMinimumTable || api->plugin_init == nullptr ||
         api->plugin_destroy == nullptr || api->probe == nullptr || api->device_info == nullptr)
         throw PluginLoadError(LoadFailure::InvalidTable,
@@ -214,6 +221,7 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
     plugin->api_ = api;
     plugin->name_ = tableString(api->plugin_name);
     plugin->version_ = identity.version;
+    plugin->optionsSchema_ = identity.optionsSchema;
     if (!expectedName.empty() && plugin->name_ != expectedName)
         throw PluginLoadError(LoadFailure::InvalidTable,
                               file + " calls itself '" + plugin->name_ +

@@ -33,6 +33,8 @@ struct TableIdentity {
     uint32_t abiMinor = 0;
     /// plugin_version; "" when not read (a table of another ABI major has another layout)
     std::string version;
+    /// (1.5) options_schema; "" when the table has none
+    std::string optionsSchema;
 };
 
 /// Thrown by PluginLibrary::open; message names the file and what to do.
@@ -126,6 +128,8 @@ public:
     bp_plugin *instance() const noexcept { return instance_; }
     const std::string &name() const noexcept { return name_; }
     const std::string &version() const noexcept { return version_; }
+    /// The table's options schema (ABI 1.5), "" when it publishes none.
+    const std::string &optionsSchema() const noexcept { return optionsSchema_; }
     uint32_t abiMinor() const noexcept { return api_->abi_minor; }
     const std::filesystem::path &path() const noexcept { return path_; }
 
@@ -167,6 +171,7 @@ private:
     bp_plugin *instance_ = nullptr;
     std::string name_;
     std::string version_;
+    std::string optionsSchema_;
     std::filesystem::path path_;
     std::mutex probeMutex_;
     bool probed_ = false;

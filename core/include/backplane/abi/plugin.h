@@ -1,4 +1,4 @@
-/* The backplane plugin ABI, version 1.4: the C contract between the core and a device plugin. */
+/* The backplane plugin ABI, version 1.5: the C contract between the core and a device plugin. */
 #ifndef BACKPLANE_ABI_PLUGIN_H
 #define BACKPLANE_ABI_PLUGIN_H
 
@@ -41,7 +41,7 @@ extern "C" {
 
 /* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
 #define BP_ABI_VERSION_MAJOR 1
-#define BP_ABI_VERSION_MINOR 4
+#define BP_ABI_VERSION_MINOR 5
 
 /* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
@@ -751,6 +751,18 @@ typedef struct bp_plugin_api {
     /// one), BP_ERROR_OUT_OF_MEMORY when the system cannot lock more pages.
     bp_status (*memory_register)(bp_device *device, const bp_memory_register_args *args,
                                  bp_memory **out, bp_error *error);
+
+    /* ABI 1.5: options (may be NULL) -------------------------------------------------------- */
+    /// The schema of the options JSON this plugin's plugin_init takes (config `plugins.options.
+    /// <name>`), as one line of JSON in a subset of JSON Schema: {"type": "object", "properties":
+    /// {NAME: {"type": "integer" | "number" | "string" | "boolean" | "array" | "object",
+    /// "description": ONE LINE, "default": ..., "minimum" / "maximum" (numbers), "enum" (allowed
+    /// values), "maxLength" (strings), "items" (arrays: a schema), "properties" and
+    /// "additionalProperties": false (objects)}}, "additionalProperties": false}. Static text,
+    /// at most 64 KiB, readable before plugin_init: `backplane config check` validates a
+    /// config's options against it and `backplane devices --options NAME` prints it
+    /// (docs/plugin-abi.md, "Options schema"). NULL: the plugin publishes none.
+    const char *options_schema;
 } bp_plugin_api;
 
 /// Signature of the entry symbol BP_PLUGIN_ENTRY_SYMBOL. Returns the plugin's static table; the

@@ -443,6 +443,8 @@ template <class P> const bp_plugin_api *pluginApi() noexcept {
         t.abi_minor = BP_ABI_VERSION_MINOR;
         t.plugin_name = P::kName;
         t.plugin_version = P::kVersion;
+        // (1.5) A plugin class with `static constexpr const char *kOptionsSchema` publishes it.
+        if constexpr (requires { P::kOptionsSchema; }) t.options_schema = P::kOptionsSchema;
 
         t.plugin_init = [](const bp_plugin_init_args *args, bp_plugin **out, bp_error *error) {
             return guard(error, [&] {
