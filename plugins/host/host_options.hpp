@@ -34,6 +34,12 @@ struct HostOptions {
     uint32_t disabledTypes = 0;
     /// "matrix_units": false reports no matrix-unit shapes (a device without them); default true.
     bool matrixUnits = true;
+    /// "compile_kernels": false runs portable kernels in the core's interpreter instead of
+    /// compiling them with the system's C++ compiler (host_compiler.hpp); default true.
+    bool compileKernels = true;
+    /// "compiler": the C++ compiler's name (looked up on PATH) or path; "" for
+    /// BACKPLANE_HOST_CXX, else the first of c++, g++, clang++ on PATH.
+    std::string compiler;
 };
 
 /// Parses the options JSON text. Throws sdk::Error(BP_ERROR_INVALID_ARGUMENT) whose message names
