@@ -80,6 +80,8 @@ struct LaunchRecord {
 
     bp_host_kernel_fn function = nullptr;
     const void *userData = nullptr;
+    /// A compiled kernel's object: loaded until the launch ran, even if the kernel is released.
+    std::shared_ptr<const LoadedObject> code;
     uint32_t grid[3] = {0, 0, 0};
     const unsigned char *indirectGrid = nullptr; ///< three uint32 read at execution time
     uint32_t block[3] = {1, 1, 1};
@@ -154,9 +156,10 @@ HostMemory::~HostMemory() {
 
 HostDevice::HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
                        std::shared_ptr<GlooLoader> gloo,
-                       std::shared_ptr<std::atomic<uint64_t>> allocated)
+                       std::shared_ptr<std::atomic<uint64_t>> allocated,
+                       std::shared_ptr<const HostCompiler> compiler)
     : info_(info), plugin_(plugin), options_(options), gloo_(std::move(gloo)),
-      async_(options.async),
+      compiler_(std::move(compiler)), async_(options.async),
       allocated_(std::move(allocated)), allocatedBytes_(*allocated_), pool_(options.workers) {}
 
 HostDevice::~HostDevice() = default;
@@ -354,11 +357,24 @@ void HostDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
 
 void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput &out) {
     const std::string entry = args.entry_point ? args.entry_point : "";
+    if (sdk::rawValue(args.dialect) == BP_DIALECT_CPP) {
+        // Runs the system's compiler in this thread: the core calls kernel_compile outside its
+        // locks, and this plugin takes none here.
+        if (args.source == nullptr && args.source_size != 0)
+            invalid("kernel_compile of '" + entry + "': source is NULL");
+        std::vector<std::string> options;
+        for (uint32_t i = 0; i < args.option_count && args.options != nullptr; ++i)
+            if (args.options[i] != nullptr) options.emplace_back(args.options[i]);
+        out.binary = compiler_->compile(
+            entry, std::string_view(static_cast<const char *>(args.source), args.source_size),
+            options, out.log);
+        return;
+    }
     if (sdk::rawValue(args.dialect) != BP_DIALECT_HOST)
         throw sdk::Error(sdk::refusedDialectStatus(args.dialect),
                          "kernel_compile of '" + entry +
                              "': the host plugin runs only the host "
-                             "dialect (native functions), not " +
+                             "dialect (native functions) and C++ (compiled), not " +
                              sdk::dialectName(args.dialect) +
                              "; give the kernel a host variant or use a GPU plugin");
     const bp_host_kernel_source source =
@@ -375,6 +391,12 @@ void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput 
 
 std::unique_ptr<sdk::Kernel> HostDevice::load(const bp_kernel_load_args &args) {
     const std::string entry = args.entry_point ? args.entry_point : "";
+    if (sdk::rawValue(args.dialect) == BP_DIALECT_CPP) {
+        std::shared_ptr<const LoadedObject> code =
+            compiler_->load(entry, args.binary, args.binary_size);
+        const bp_host_kernel_fn fn = code->entry();
+        return std::make_unique<HostKernel>(fn, nullptr, entry, std::move(code));
+    }
     if (sdk::rawValue(args.dialect) != BP_DIALECT_HOST)
         throw sdk::Error(sdk::refusedDialectStatus(args.dialect), "kernel_load of '" + entry +
                                                    "': the host plugin cannot load a " +
@@ -394,6 +416,7 @@ HostDevice::Task HostDevice::launchTask(const bp_launch_args &args) {
     LaunchRecord record;
     record.function = kernel->function();
     record.userData = kernel->userData();
+    record.code = kernel->code();
 
     uint64_t threads = 1;
     for (int d = 0; d < 3; ++d) {

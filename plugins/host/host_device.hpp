@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gloo_loader.hpp"
+#include "host_compiler.hpp"
 #include "host_options.hpp"
 #include "host_stream.hpp"
 #include "workgroup_pool.hpp"
@@ -41,20 +42,25 @@ private:
 };
 
 /// A loaded host-dialect kernel: a function pointer of this process and the caller's user_data
-/// (ABI 1.2; borrowed, never dereferenced: passed to every call of the function).
+/// (ABI 1.2; borrowed, never dereferenced: passed to every call of the function); or a compiled
+/// C++ kernel (ABI 1.5), whose object `code` keeps loaded, and every launch with it too.
 class HostKernel final : public sdk::Kernel {
 public:
-    HostKernel(bp_host_kernel_fn fn, const void *userData, std::string entryPoint)
-        : function_(fn), userData_(userData), entryPoint_(std::move(entryPoint)) {}
+    HostKernel(bp_host_kernel_fn fn, const void *userData, std::string entryPoint,
+               std::shared_ptr<const LoadedObject> code = nullptr)
+        : function_(fn), userData_(userData), entryPoint_(std::move(entryPoint)),
+          code_(std::move(code)) {}
 
     bp_host_kernel_fn function() const noexcept { return function_; }
     const void *userData() const noexcept { return userData_; }
     const std::string &entryPoint() const noexcept { return entryPoint_; }
+    const std::shared_ptr<const LoadedObject> &code() const noexcept { return code_; }
 
 private:
     bp_host_kernel_fn function_;
     const void *userData_;
     std::string entryPoint_;
+    std::shared_ptr<const LoadedObject> code_;
 };
 
 /// A replay list (ABI 1.3 graph): the ops, checked once and turned into the tasks a stream runs.
@@ -88,8 +94,10 @@ public:
     /// loads it when first needed); `allocated` counts the bytes allocated on this device index,
     /// shared by every open of it, so that each open is an independent client while the
     /// "memory_bytes" budget holds for the device as a whole.
+    /// `compiler` compiles the C++ kernels (shared with the plugin).
     HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
-               std::shared_ptr<GlooLoader> gloo, std::shared_ptr<std::atomic<uint64_t>> allocated);
+               std::shared_ptr<GlooLoader> gloo, std::shared_ptr<std::atomic<uint64_t>> allocated,
+               std::shared_ptr<const HostCompiler> compiler);
     ~HostDevice() override;
     HostDevice(const HostDevice &) = delete;
     HostDevice &operator=(const HostDevice &) = delete;
@@ -157,6 +165,7 @@ private:
     const void *plugin_;
     const HostOptions options_;
     const std::shared_ptr<GlooLoader> gloo_;
+    const std::shared_ptr<const HostCompiler> compiler_;
     const bool async_;
     std::shared_ptr<std::atomic<uint64_t>> allocated_;
     std::atomic<uint64_t> &allocatedBytes_; ///< *allocated_

@@ -134,11 +134,21 @@ HostOptions parseHostOptions(std::string_view json) {
             if (!value.is_boolean())
                 invalid("\"matrix_units\" must be true or false, not " + value.dump());
             options.matrixUnits = value.get<bool>();
+        } else if (key == "compile_kernels") {
+            if (!value.is_boolean())
+                invalid("\"compile_kernels\" must be true or false, not " + value.dump());
+            options.compileKernels = value.get<bool>();
+        } else if (key == "compiler") {
+            if (!value.is_string() || value.get<std::string>().empty() ||
+                value.get<std::string>().find('\0') != std::string::npos)
+                invalid("\"compiler\" must be the C++ compiler's name or path, not " +
+                        value.dump());
+            options.compiler = value.get<std::string>();
         } else {
             invalid("unknown key \"" + key +
                     "\"; the host plugin knows \"collectives\", \"devices\", "
                     "\"disable_types\", \"matrix_units\", \"memory_bytes\", \"mode\" and "
-                    "\"workers\"");
+                    "\"workers\" (kernels: \"compile_kernels\", \"compiler\")");
         }
     }
     return options;

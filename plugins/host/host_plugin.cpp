@@ -65,7 +65,8 @@ public:
     // device_info or collective call (gloo_loader.hpp).
     explicit HostPlugin(const bp_plugin_init_args &args)
         : Plugin(args), options_(parseHostOptions(optionsJson())),
-          gloo_(std::make_shared<GlooLoader>(options_.collectivesModule)) {
+          gloo_(std::make_shared<GlooLoader>(options_.collectivesModule)),
+          compiler_(std::make_shared<HostCompiler>(options_)) {
         for (uint32_t i = 0; i < options_.devices; ++i)
             allocated_.push_back(std::make_shared<std::atomic<uint64_t>>(0));
         if (options_.workers == 0)
@@ -90,6 +91,19 @@ public:
         // off, and the reason is what `backplane devices` shows.
         if (gloo_->api() != nullptr) info.capabilities |= BP_CAPABILITY_COLLECTIVES;
         sdk::copyString(info.collectives, gloo_->status());
+        // Portable kernels compile with the system's C++ compiler when there is one (found
+        // the first time a device is described); the core interprets them otherwise.
+        const HostCompiler::Identity &compiler = compiler_->identity();
+        sdk::copyString(info.kernel_compiler, compiler.description);
+        if (compiler.available) {
+            info.dialects |= 1u << BP_DIALECT_CPP;
+            // The compiler and CPU key every cached kernel (the device fingerprint).
+            sdk::copyString(info.driver_version,
+                            std::string(kVersion) + "+cxx." + compiler.fingerprint);
+            // Compiled objects outlive the process; host functions (BP_DIALECT_HOST) are left
+            // out of the disk cache only by a core of ABI 1.5 or newer.
+            if (hostAbiMinor() >= 5) info.capabilities |= BP_CAPABILITY_PORTABLE_BINARIES;
+        }
         std::copy(std::begin(kUuidNamespace), std::end(kUuidNamespace), info.uuid);
         for (int b = 0; b < 4; ++b)
             info.uuid[12 + b] = static_cast<uint8_t>(index >> (24 - 8 * b));
@@ -107,7 +121,7 @@ public:
         // Every open is an independent client of the device (as on Vulkan and CUDA); the
         // memory budget is the device's, shared by its opens.
         return std::make_unique<HostDevice>(deviceInfo(index), this, options_, gloo_,
-                                            allocated_[index]);
+                                            allocated_[index], compiler_);
     }
 
     std::vector<unsigned char> createCommId() override { return commIds_.make(); }
@@ -151,7 +165,8 @@ private:
         info.max_scalar_bytes = 4096;
         info.max_streams = 16;
         info.dialects = 1u << BP_DIALECT_HOST;
-        // Not PORTABLE_BINARIES: a host kernel blob is a function pointer of this process.
+        // Not PORTABLE_BINARIES for host functions (a blob is a pointer of this process);
+        // deviceInfo() adds it with the C++ compiler.
         info.capabilities = BP_CAPABILITY_TIMESTAMPS | BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY |
                             BP_CAPABILITY_INDIRECT_DISPATCH | BP_CAPABILITY_PEER_COPY;
         if (options_.async) info.capabilities |= BP_CAPABILITY_ASYNC_STREAMS;
@@ -200,6 +215,7 @@ private:
 
     HostOptions options_;
     std::shared_ptr<GlooLoader> gloo_;
+    std::shared_ptr<const HostCompiler> compiler_;
     bp_device_info info_{};
     /// Bytes allocated per device index, shared by every open of it (immutable list).
     std::vector<std::shared_ptr<std::atomic<uint64_t>>> allocated_;

@@ -37,19 +37,60 @@ const Runtime &runtime() {
     return instance;
 }
 
-/// One client per device present.
+/// The host plugin with its compiler switched off: portable kernels run in the interpreter, the
+/// reference the compiled host kernels are compared with.
+const Runtime &interpreterRuntime() {
+    static const Runtime instance([] {
+        Config config;
+        config.pluginPathOverride = {MANIFESTS};
+        config.probeMode = ProbeMode::InProcess;
+        config.cacheEnabled = false;
+        config.pluginOptions["host"] = R"({"compile_kernels": false})";
+        config.pluginEnable = {"host"};
+        return config;
+    }());
+    return instance;
+}
+
+/// One client per device present, and the host once more with its kernels interpreted (when
+/// the first host compiles them), so that every test compares compiled and interpreted host
+/// kernels with the same reference.
 std::vector<ComputeClient> &clients() {
     static std::vector<ComputeClient> all = [] {
         std::vector<ComputeClient> opened;
+        bool hostCompiles = false;
         for (const PhysicalDevice &device : runtime().devices()) {
             for (const DeviceInfo &route : device.routes) {
                 opened.push_back(runtime().open(runtime().select(route.id())));
-                MESSAGE("device " << route.id() << ": " << route.name);
+                std::string kernels;
+                if (!route.kernelCompiler.empty())
+                    kernels = std::string("; kernels ") +
+                              (route.accepts(Dialect::Cpp) ? "compiled by " : "interpreted: ") +
+                              route.kernelCompiler;
+                MESSAGE("device " << route.id() << ": " << route.name << kernels);
+                hostCompiles = hostCompiles || (route.backend == "host" && route.accepts(Dialect::Cpp));
             }
+        }
+        if (hostCompiles) {
+            opened.push_back(interpreterRuntime().open(interpreterRuntime().select("host")));
+            MESSAGE("device host:0 again, interpreted");
         }
         return opened;
     }();
     return all;
+}
+
+/// The host client that compiles kernels and the one that interprets them (both null when the
+/// host has no compiler here).
+std::pair<ComputeClient *, ComputeClient *> hostPair() {
+    ComputeClient *compiled = nullptr, *interpreted = nullptr;
+    for (ComputeClient &c : clients()) {
+        if (c.device().backend != "host") continue;
+        if (c.device().accepts(Dialect::Cpp)) compiled = &c;
+        else interpreted = &c;
+    }
+    if (compiled == nullptr) interpreted = nullptr;
+    return {compiled, interpreted};
 }
 
 uint32_t ceilDiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
@@ -861,4 +902,274 @@ TEST_CASE("constants of different types with the same bits keep their own values
         CHECK(static_cast<float>(gotG[1]) == 7.0f);
         CHECK(c.readAs<uint32_t>(bu) == std::vector<uint32_t>{32641, 32642});
     }
+}
+
+// -- compiled host kernels against the interpreter ---------------------------------------------
+
+namespace {
+
+/// Bytes equal, or both NaN floats where `floats` (NaN payloads are not part of the contract).
+bool sameBits(const std::vector<std::byte> &a, const std::vector<std::byte> &b, bool floats) {
+    if (a.size() != b.size()) return false;
+    if (!floats) return a == b;
+    for (size_t i = 0; i + 4 <= a.size(); i += 4) {
+        float x, y;
+        std::memcpy(&x, a.data() + i, 4);
+        std::memcpy(&y, b.data() + i, 4);
+        if (std::memcmp(&x, &y, 4) != 0 && !(std::isnan(x) && std::isnan(y))) return false;
+    }
+    return true;
+}
+
+/// Runs `kernel` on `c` with fresh copies of `inputs` (then zeroed outputs of the given sizes)
+/// and returns every binding's bytes after the launch.
+std::vector<std::vector<std::byte>> runWith(ComputeClient &c, const lang::Kernel &kernel,
+                                            const std::vector<std::vector<std::byte>> &inputs,
+                                            const std::vector<size_t> &outputs, Dispatch d) {
+    std::vector<Buffer> buffers;
+    for (const auto &in : inputs) buffers.push_back(c.create(in.data(), in.size()));
+    for (size_t bytes : outputs) {
+        std::vector<std::byte> zeros(bytes);
+        buffers.push_back(c.create(zeros.data(), zeros.size()));
+    }
+    d.bindings = buffers;
+    c.execute(kernel, d);
+    std::vector<std::vector<std::byte>> result;
+    for (Buffer &b : buffers) result.push_back(c.read(b).wait());
+    return result;
+}
+
+template <class T> std::vector<std::byte> bytesOf(const std::vector<T> &v) {
+    std::vector<std::byte> out(v.size() * sizeof(T));
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+}
+
+/// Runs `kernel` on the compiled and the interpreted host and checks every binding agrees.
+void sameOnBothHosts(const lang::Kernel &kernel, const std::vector<std::vector<std::byte>> &inputs,
+                     const std::vector<size_t> &outputs, const Dispatch &d, bool floats) {
+    auto [compiled, interpreted] = hostPair();
+    if (compiled == nullptr) return;
+    INFO("kernel " << kernel.name() << ": " << kernel.hostNote(compiled->device()));
+    const auto got = runWith(*compiled, kernel, inputs, outputs, d);
+    const auto want = runWith(*interpreted, kernel, inputs, outputs, d);
+    REQUIRE(got.size() == want.size());
+    for (size_t b = 0; b < got.size(); ++b) {
+        INFO("binding " << b);
+        CHECK(sameBits(got[b], want[b], floats));
+    }
+}
+
+std::vector<float> edgyFloats(size_t n, uint32_t seed) {
+    std::vector<float> v = randomFloats(n, seed, -4, 4);
+    const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 1e-8f, 3e9f, -3e9f,
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), 0.5f, 2.5f, -2.5f};
+    for (size_t i = 0; i < n; i += 7) v[i] = specials[(i / 7) % std::size(specials)];
+    return v;
+}
+
+std::vector<int32_t> edgyInts(size_t n, uint32_t seed) {
+    std::vector<int32_t> v = randomInts<int32_t>(n, seed, -300, 300);
+    const int32_t specials[] = {0, -1, 1, std::numeric_limits<int32_t>::min(),
+                                std::numeric_limits<int32_t>::max(), 31, 32, 33, -128, 255, 65535};
+    for (size_t i = 0; i < n; i += 5) v[i] = specials[(i / 5) % std::size(specials)];
+    return v;
+}
+
+/// A random straight-line program with loops and branches over i32, u32, f32 and the narrow
+/// types (through casts): every operation of the language the host generator prints, seeded.
+lang::Kernel randomProgram(uint32_t seed) {
+    return lang::kernel("random_program_" + std::to_string(seed), [seed](lang::Builder &k) {
+        std::mt19937 rng(seed);
+        auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+        auto xi = k.input<int32_t>();
+        auto xf = k.input<float>();
+        auto oi = k.output<int32_t>();
+        auto of = k.output<float>();
+        auto n = k.scalar<uint32_t>();
+        auto g = k.globalId().x;
+        std::vector<Value<int32_t>> ints = {xi[g], xi[(g * 7u + 3u) % n], Value<int32_t>(-7)};
+        std::vector<Value<uint32_t>> uints = {g, cast<uint32_t>(xi[(g + 1u) % n])};
+        std::vector<Value<float>> floats = {xf[g], xf[(g * 3u + 1u) % n], Value<float>(0.75f)};
+        auto I = [&] { return ints[pick(ints.size())]; };
+        auto U = [&] { return uints[pick(uints.size())]; };
+        auto F = [&] { return floats[pick(floats.size())]; };
+        for (int step = 0; step < 40; ++step) {
+            switch (pick(14)) {
+            case 0: {
+                auto a = I(), b = I();
+                switch (pick(10)) {
+                case 0: ints.push_back(a + b); break;
+                case 1: ints.push_back(a - b); break;
+                case 2: ints.push_back(a * b); break;
+                case 3: ints.push_back(a / b); break;
+                case 4: ints.push_back(a % b); break;
+                case 5: ints.push_back(a << b); break;
+                case 6: ints.push_back(a >> b); break;
+                case 7: ints.push_back(lang::min(a, b) ^ (a & ~b)); break;
+                case 8: ints.push_back(lang::abs(a) | -b); break;
+                default: ints.push_back(lang::select(a < b, a, lang::max(a, b))); break;
+                }
+                break;
+            }
+            case 1: {
+                auto a = U(), b = U();
+                switch (pick(7)) {
+                case 0: uints.push_back(a + b * 3u); break;
+                case 1: uints.push_back(a / b); break;
+                case 2: uints.push_back(a % b); break;
+                case 3: uints.push_back(a >> b); break;
+                case 4: uints.push_back(a << b); break;
+                case 5: uints.push_back(lang::select(a >= b, a - b, lang::min(a, b))); break;
+                default: uints.push_back(~a ^ b); break;
+                }
+                break;
+            }
+            case 2: {
+                auto a = F(), b = F();
+                switch (pick(9)) {
+                case 0: floats.push_back(a + b); break;
+                case 1: floats.push_back(a * b - a); break;
+                case 2: floats.push_back(a / b); break;
+                case 3: floats.push_back(lang::min(a, b)); break;
+                case 4: floats.push_back(lang::max(a, -b)); break;
+                case 5: floats.push_back(lang::fma(a, b, F())); break;
+                case 6: floats.push_back(lang::sqrt(lang::abs(a))); break;
+                case 7: floats.push_back(lang::floor(a) + lang::ceil(b)); break;
+                default: floats.push_back(lang::select(a == b || a != a, b, a)); break;
+                }
+                break;
+            }
+            case 3: floats.push_back(pick(2) ? lang::exp(F() * 0.25f) : lang::log(lang::abs(F()))); break;
+            case 4: floats.push_back(pick(2) ? lang::sin(F()) + lang::cos(F()) : lang::tanh(F())); break;
+            case 5: floats.push_back(lang::pow(lang::abs(F()), Value<float>(0.5f)) + lang::rsqrt(lang::abs(F()) + 1.0f)); break;
+            case 6: ints.push_back(pick(2) ? cast<int32_t>(F() * 1e9f) : cast<int32_t>(cast<int8_t>(F() * 100.0f))); break;
+            case 7: uints.push_back(pick(2) ? cast<uint32_t>(F() * 1e9f) : cast<uint32_t>(cast<uint16_t>(F() * 1e5f))); break;
+            case 8: floats.push_back(pick(2) ? cast<float>(I()) : cast<float>(U())); break;
+            case 9: {
+                // 8- and 16-bit arithmetic, f16 and bf16 rounding after every operation.
+                auto a = cast<int8_t>(I()), b = cast<int8_t>(I());
+                auto h = cast<lang::f16>(F()), c = cast<lang::f16>(F());
+                auto e = cast<lang::bf16>(F());
+                ints.push_back(cast<int32_t>(a * b + a));
+                ints.push_back(cast<int32_t>(cast<uint16_t>(U()) * cast<uint16_t>(U())));
+                floats.push_back(cast<float>(h * c + h));
+                floats.push_back(cast<float>(e / cast<lang::bf16>(F())));
+                break;
+            }
+            case 10: {
+                // A loop with a variable, a data-dependent bound and a break.
+                auto acc = k.var<int32_t>(I());
+                auto bound = (U() & 7u);
+                k.For(0u, bound, [&](Value<uint32_t> j) {
+                    acc = acc * 3 + cast<int32_t>(j);
+                    k.If(acc > 1000, [&] { k.Break(); });
+                });
+                ints.push_back(acc);
+                break;
+            }
+            case 11: {
+                auto v = k.var<float>(F());
+                k.If(F() < F(), [&] { v = v * 2.0f; }).Else([&] { v = v - 1.0f; });
+                floats.push_back(v);
+                break;
+            }
+            case 12: ints.push_back(cast<int32_t>(F() < F()) + cast<int32_t>(!(I() == I()))); break;
+            default: {
+                auto w = k.var<uint32_t>(U());
+                k.While([&] { return w > 10u; }, [&] { w = w / 3u; });
+                uints.push_back(w);
+                break;
+            }
+            }
+        }
+        for (uint32_t j = 0; j < 4; ++j) {
+            oi[g * 8u + j] = ints[ints.size() - 1 - j % ints.size()];
+            oi[g * 8u + 4u + j] = cast<int32_t>(uints[uints.size() - 1 - j % uints.size()]);
+            of[g * 4u + j] = floats[floats.size() - 1 - j % floats.size()];
+        }
+    });
+}
+
+} // namespace
+
+TEST_CASE("compiled host kernels give the interpreter's bits: random programs") {
+    auto [compiled, interpreted] = hostPair();
+    if (compiled == nullptr) {
+        MESSAGE("the host compiles no kernels here; nothing to compare");
+        return;
+    }
+    const uint32_t n = 1000;
+    const std::vector<std::vector<std::byte>> inputs = {bytesOf(edgyInts(n, 11)),
+                                                        bytesOf(edgyFloats(n, 12))};
+    Dispatch d = oneD(n, 64);
+    d.scalar(n);
+    for (uint32_t seed = 1; seed <= 8; ++seed) {
+        const lang::Kernel kernel = randomProgram(seed);
+        CAPTURE(seed);
+        REQUIRE(kernel.hostNote(compiled->device()).rfind("compiled", 0) == 0);
+        sameOnBothHosts(kernel, inputs, {n * 8 * 4, n * 4 * 4}, d, true);
+    }
+}
+
+TEST_CASE("compiled host kernels give the interpreter's bits: every library kernel") {
+    auto [compiled, interpreted] = hostPair();
+    if (compiled == nullptr) {
+        MESSAGE("the host compiles no kernels here; nothing to compare");
+        return;
+    }
+    const uint32_t n = 3001;
+    {
+        Dispatch d = oneD(n, 256);
+        d.scalar(1.5f).scalar(n - 5);
+        sameOnBothHosts(kernels::saxpy(), {bytesOf(edgyFloats(n, 1)), bytesOf(edgyFloats(n, 2))},
+                        {}, d, true);
+    }
+    for (uint32_t block : {64u, 256u}) {
+        Dispatch d;
+        d.block = {block, 1, 1};
+        d.grid = {7, 1, 1};
+        d.scalar(n);
+        sameOnBothHosts(kernels::reduceSum<float>(block), {bytesOf(edgyFloats(n, 3))}, {7 * 4}, d, true);
+        sameOnBothHosts(kernels::reduceSum<int32_t>(block), {bytesOf(edgyInts(n, 4))}, {7 * 4}, d, false);
+        sameOnBothHosts(kernels::reduceSum<uint32_t>(block), {bytesOf(edgyInts(n, 5))}, {7 * 4}, d, false);
+        Dispatch scan;
+        scan.block = {block, 1, 1};
+        scan.scalar(n);
+        sameOnBothHosts(kernels::inclusiveScan<float>(block), {bytesOf(randomFloats(n, 6))}, {n * 4}, scan, true);
+        sameOnBothHosts(kernels::inclusiveScan<int32_t>(block), {bytesOf(edgyInts(n, 7))}, {n * 4}, scan, false);
+    }
+    const uint32_t m = 67, nn = 45, kk = 39;
+    for (const kernels::MatmulTiles tiles : {kernels::MatmulTiles{16, 1, 16}, kernels::MatmulTiles{32, 2, 8},
+                                             kernels::MatmulTiles{64, 4, 8}}) {
+        Dispatch d;
+        d.block = {tiles.threads(), tiles.threads(), 1};
+        d.grid = {ceilDiv(nn, tiles.tile), ceilDiv(m, tiles.tile), 1};
+        d.scalar(m).scalar(nn).scalar(kk);
+        sameOnBothHosts(kernels::matmul(tiles), {bytesOf(randomFloats(m * kk, 8)), bytesOf(randomFloats(kk * nn, 9))},
+                        {m * nn * 4}, d, true);
+    }
+    const uint32_t rows = 5, cols = 1003;
+    Dispatch rowsD;
+    rowsD.block = {64, 1, 1};
+    rowsD.grid = {rows, 1, 1};
+    rowsD.scalar(cols);
+    const std::vector<float> x = randomFloats(rows * cols, 10, -3, 3);
+    std::vector<uint16_t> halves(x.size()), brains(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        halves[i] = lang::f16(x[i]).bits;
+        brains[i] = lang::bf16(x[i]).bits;
+    }
+    sameOnBothHosts(kernels::rowSum<float>(64), {bytesOf(x)}, {rows * 4}, rowsD, true);
+    sameOnBothHosts(kernels::rowSum<lang::f16>(64), {bytesOf(halves)}, {rows * 4}, rowsD, true);
+    sameOnBothHosts(kernels::rowSum<lang::bf16>(64), {bytesOf(brains)}, {rows * 4}, rowsD, true);
+    sameOnBothHosts(kernels::softmaxRows<float>(64), {bytesOf(x)}, {rows * cols * 4}, rowsD, true);
+    sameOnBothHosts(kernels::softmaxRows<lang::f16>(64), {bytesOf(halves)}, {rows * cols * 2}, rowsD, false);
+    sameOnBothHosts(kernels::softmaxRows<lang::bf16>(64), {bytesOf(brains)}, {rows * cols * 2}, rowsD, false);
+    // The matrix-unit matmul is interpreted on the host (the generator prints no fragments yet):
+    // the note says so, and the results are the interpreter's.
+    const lang::Kernel mu = kernels::matmulMatrixUnits<lang::f16>({32, 32, 16, 1, 1, 8});
+    CHECK(mu.hostNote(compiled->device()).find("interpreted: the host generator cannot compile matrix") == 0);
 }

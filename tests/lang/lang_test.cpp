@@ -95,12 +95,14 @@ TEST_CASE("every generator prints saxpy and the tiled matmul as the golden files
 
 TEST_CASE("a kernel carries its variants in preference order and plain C++ values as literals") {
     const lang::Kernel a = kernels::matmul({16, 1, 16}), b = kernels::matmul({32, 2, 16});
-    REQUIRE(a.source().variants.size() == 4);
+    REQUIRE(a.source().variants.size() == 5);
     CHECK((a.source().variants[0].dialect == Dialect::Cuda));
     CHECK((a.source().variants[1].dialect == Dialect::Hip));
     CHECK((a.source().variants[2].dialect == Dialect::Glsl));
-    CHECK((a.source().variants[3].dialect == Dialect::Host));
-    CHECK(a.source().variants[3].hostData != nullptr);
+    CHECK((a.source().variants[3].dialect == Dialect::Cpp)); // compiled by the host plugin
+    CHECK(a.source().variants[3].entryPoint == "bp_host_matmul_t16_w1_k16");
+    CHECK((a.source().variants[4].dialect == Dialect::Host)); // the interpreter
+    CHECK(a.source().variants[4].hostData != nullptr);
     // Tile sizes are constants: different sizes are different sources, i.e. cache keys.
     CHECK(a.source().variants[0].source != b.source().variants[0].source);
     CHECK(a.text(Dialect::Cuda).find("a0[256]") != std::string::npos); // 16 x 16 shared tile

@@ -21,18 +21,29 @@
 #include <backplane/runtime.hpp>
 #include <backplane/tune.hpp>
 
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
+
+extern char **environ;
 
 namespace backplane::tool {
 namespace {
@@ -236,12 +247,267 @@ void hostSaxpy(ComputeClient &client, const std::string &device, const BenchOpti
     if (!mismatch.empty())
         std::fprintf(stderr, "bench kernels: %s: saxpy outputs differ: %s\n", device.c_str(),
                      mismatch.c_str());
-    const std::string what = "saxpy 1M portable (interpreted) vs native host function";
+    const bool compiled = portable.hostNote(client.device()).rfind("compiled", 0) == 0;
+    const std::string what = std::string("saxpy 1M portable (") +
+                             (compiled ? "compiled" : "interpreted") + ") vs native host function";
     rows.push_back({"kernels", device, what, ms[0], ms[1], "ms", checked(mismatch)});
     // 12 bytes per element: x and y read, y written.
     const double bytes = 12.0 * n;
     rows.push_back({"kernels", device, what, bytes / (ms[0] * 1e6), bytes / (ms[1] * 1e6), "GB/s",
-                    checked(mismatch)});
+                    mismatch.empty() ? (compiled ? ">= 0.90x" : "") : "OUTPUTS DIFFER"});
+}
+
+// -- compiled host kernels against OpenBLAS, memcpy and the disk cache ------------------------
+
+constexpr const char *kHostProbeFdVariable = "BACKPLANE_BENCH_HOST_PROBE_FD";
+constexpr const char *kHostProbeCacheVariable = "BACKPLANE_BENCH_HOST_PROBE_CACHE";
+
+/// The host-friendly matmul candidates measured at 1024^3 (the best is the portable row).
+std::vector<std::pair<lang::Kernel, Dispatch>> hostMatmulCandidates(uint32_t size, bool quick) {
+    std::vector<std::pair<lang::Kernel, Dispatch>> out;
+    std::vector<kernels::RegisterTiles> blocks = {{6, 4, 8, 8}, {4, 4, 16, 4}};
+    if (!quick) blocks.push_back({4, 8, 8, 8});
+    for (const kernels::RegisterTiles &t : blocks) {
+        Dispatch d;
+        d.block = {t.threadsX, t.threadsY, 1};
+        d.grid = {(size + t.cols() * t.threadsX - 1) / (t.cols() * t.threadsX),
+                  (size + t.rows * t.threadsY - 1) / (t.rows * t.threadsY), 1};
+        out.emplace_back(kernels::matmulRegisters(t), d);
+    }
+    const kernels::MatmulTiles tiled{64, 4, 16};
+    Dispatch d;
+    d.block = {tiled.threads(), tiled.threads(), 1};
+    d.grid = {(size + tiled.tile - 1) / tiled.tile, (size + tiled.tile - 1) / tiled.tile, 1};
+    out.emplace_back(kernels::matmul(tiled), d);
+    return out;
+}
+
+/// OpenBLAS (Debian libopenblas0) loaded with dlopen, for cblas_sgemm at a thread count.
+class OpenBlas {
+public:
+    OpenBlas() {
+        for (const char *name : {"libopenblas.so.0", "libopenblas.so"}) {
+            handle_ = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+            if (handle_ != nullptr) break;
+        }
+        if (handle_ == nullptr)
+            throw std::runtime_error(std::string("libopenblas.so.0 not found (apt install "
+                                                 "libopenblas0): ") + ::dlerror());
+        sgemm_ = reinterpret_cast<Sgemm>(::dlsym(handle_, "cblas_sgemm"));
+        threads_ = reinterpret_cast<SetThreads>(::dlsym(handle_, "openblas_set_num_threads"));
+        if (sgemm_ == nullptr) throw std::runtime_error("libopenblas.so.0 has no cblas_sgemm");
+    }
+    ~OpenBlas() {
+        if (handle_ != nullptr) ::dlclose(handle_);
+    }
+    OpenBlas(const OpenBlas &) = delete;
+    OpenBlas &operator=(const OpenBlas &) = delete;
+    void setThreads(int n) const {
+        if (threads_ != nullptr) threads_(n);
+    }
+    /// C = A * B, row-major, square.
+    void sgemm(uint32_t n, const float *a, const float *b, float *c) const {
+        constexpr int kRowMajor = 101, kNoTrans = 111;
+        const int s = static_cast<int>(n);
+        sgemm_(kRowMajor, kNoTrans, kNoTrans, s, s, s, 1.0f, a, s, b, s, 0.0f, c, s);
+    }
+
+private:
+    using Sgemm = void (*)(int, int, int, int, int, int, float, const float *, int, const float *,
+                           int, float, float *, int);
+    using SetThreads = void (*)(int);
+    void *handle_ = nullptr;
+    Sgemm sgemm_ = nullptr;
+    SetThreads threads_ = nullptr;
+};
+
+double medianOf(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/// In the probe child: the first candidate's kernel from the disk cache; writes "ms compiled
+/// diskHits" to the pipe and exits.
+[[noreturn]] void runHostCacheProbe(const char *fdText) {
+    const int fd = std::atoi(fdText);
+    int status = 1;
+    try {
+        Config config = loadConfig();
+        config.cacheDir = std::getenv(kHostProbeCacheVariable);
+        config.cacheEnabled = true;
+        Runtime runtime(config);
+        ComputeClient client = runtime.open(runtime.select("host"));
+        const lang::Kernel kernel = hostMatmulCandidates(1024, true).front().first;
+        const auto start = Clock::now();
+        client.prepare(kernel.source());
+        const double ms = secondsSince(start) * 1e3;
+        const EngineStats stats = client.stats();
+        char line[128];
+        const int n = std::snprintf(line, sizeof line, "%.6f %llu %llu\n", ms,
+                                    static_cast<unsigned long long>(stats.kernelsCompiled),
+                                    static_cast<unsigned long long>(stats.diskCacheHits));
+        if (n > 0 && ::write(fd, line, static_cast<size_t>(n)) == n) status = 0;
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "host cache probe: %s\n", e.what());
+    }
+    ::_exit(status);
+}
+
+/// Re-runs this binary as `backplane bench kernels` in probe mode; "" or why it failed.
+std::string spawnHostCacheProbe(const std::string &cacheDir, double &ms, unsigned long long &compiled,
+                                unsigned long long &diskHits) {
+    int pipeFds[2];
+    if (::pipe2(pipeFds, O_CLOEXEC) != 0) return "pipe failed";
+    const int childFd = ::dup(pipeFds[1]); // survives exec
+    ::close(pipeFds[1]);
+    std::vector<std::string> variables{std::string(kHostProbeFdVariable) + "=" + std::to_string(childFd),
+                                       std::string(kHostProbeCacheVariable) + "=" + cacheDir};
+    std::vector<char *> envp;
+    for (auto &v : variables) envp.push_back(v.data());
+    for (char **e = environ; *e != nullptr; ++e)
+        if (std::string(*e).rfind("BACKPLANE_BENCH_HOST_PROBE_", 0) != 0) envp.push_back(*e);
+    envp.push_back(nullptr);
+    std::string arg0 = "backplane", arg1 = "bench", arg2 = "kernels";
+    char *argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    pid_t pid = 0;
+    const int spawned = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(childFd);
+    if (spawned != 0) {
+        ::close(pipeFds[0]);
+        return std::string("posix_spawn failed: ") + std::strerror(spawned);
+    }
+    std::string answer;
+    char buffer[256];
+    for (ssize_t n; (n = ::read(pipeFds[0], buffer, sizeof buffer)) > 0;)
+        answer.append(buffer, static_cast<size_t>(n));
+    ::close(pipeFds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (std::sscanf(answer.c_str(), "%lf %llu %llu", &ms, &compiled, &diskHits) != 3)
+        return "the probe child gave no answer";
+    return "";
+}
+
+/// Compiled host kernels: matmul 1024^3 against OpenBLAS sgemm (same thread count), saxpy 64M
+/// against memcpy, first-launch compile against a disk-cache load in a new process.
+void hostCompiledRows(ComputeClient &client, const std::string &device, const BenchOptions &options,
+                      BenchRows &rows) {
+    const DeviceInfo &info = client.device();
+    if (!info.accepts(Dialect::Cpp)) {
+        std::fprintf(stderr, "bench kernels: %s interprets portable kernels (%s): no compiled rows\n",
+                     device.c_str(), info.kernelCompiler.c_str());
+        return;
+    }
+    // The host plugin's default worker count (the "workers" option): OpenBLAS gets as many.
+    const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+    const int samples = options.quick ? 3 : 5;
+
+    // matmul 1024^3
+    const uint32_t size = 1024;
+    const std::vector<float> a = benchInput(size_t(size) * size, 1), b = benchInput(size_t(size) * size, 2);
+    const Buffer ba = client.createFrom<float>(a), bb = client.createFrom<float>(b);
+    const Buffer bc = client.empty(uint64_t(size) * size * 4);
+    std::string best;
+    double bestMs = std::numeric_limits<double>::infinity();
+    std::vector<float> portableC;
+    for (auto &[kernel, dispatch] : hostMatmulCandidates(size, options.quick)) {
+        Dispatch d = dispatch;
+        d.bindings = {ba, bb, bc};
+        d.scalar(size).scalar(size).scalar(size);
+        const double ms = medianMs(client, {[&] { client.execute(kernel, d); }}, 1, samples)[0];
+        std::fprintf(stderr, "bench kernels: %s: %s at %u^3: %.1f ms (%.1f GFLOP/s)\n",
+                     device.c_str(), kernel.name().c_str(), size, ms, gflops(size, ms));
+        if (ms < bestMs) {
+            bestMs = ms;
+            best = kernel.name();
+            portableC = client.readAs<float>(bc);
+        }
+    }
+    try {
+        OpenBlas blas;
+        blas.setThreads(threads);
+        std::vector<float> c(size_t(size) * size);
+        blas.sgemm(size, a.data(), b.data(), c.data());
+        std::vector<double> times;
+        for (int i = 0; i < samples; ++i) {
+            const auto start = Clock::now();
+            blas.sgemm(size, a.data(), b.data(), c.data());
+            times.push_back(secondsSince(start) * 1e3);
+        }
+        const double blasMs = medianOf(times);
+        const std::string mismatch = compareMatmul(portableC, c, size, size);
+        matmulRows(rows, device,
+                   "portable " + best + " (compiled) vs OpenBLAS sgemm, " + std::to_string(threads) +
+                       " threads",
+                   size, bestMs, blasMs, mismatch, ">= 0.50x");
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "bench kernels: %s: no OpenBLAS reference: %s\n", device.c_str(), e.what());
+    }
+
+    // saxpy 64M against the machine's copy bandwidth (memcpy on as many threads).
+    {
+        const uint32_t n = options.quick ? (1u << 24) : (1u << 26), block = 256;
+        const Buffer x = client.createFrom<float>(benchInput(n, 3));
+        const Buffer y = client.createFrom<float>(benchInput(n, 4));
+        const lang::Kernel saxpy = kernels::saxpy();
+        Dispatch d;
+        d.block = {block, 1, 1};
+        d.grid = {n / block, 1, 1};
+        d.bindings = {x, y};
+        d.scalar(1.5f).scalar(n);
+        const double saxpyMs = medianMs(client, {[&] { client.execute(saxpy, d); }}, 1, samples)[0];
+        std::vector<float> from(n, 1.0f), to(n, 0.0f);
+        std::vector<double> times;
+        for (int i = 0; i < samples + 1; ++i) {
+            const auto start = Clock::now();
+            std::vector<std::thread> workers;
+            const size_t chunk = (size_t(n) + threads - 1) / threads;
+            for (int t = 0; t < threads; ++t)
+                workers.emplace_back([&, t] {
+                    const size_t first = std::min(size_t(n), t * chunk);
+                    const size_t count = std::min(size_t(n), first + chunk) - first;
+                    std::memcpy(to.data() + first, from.data() + first, count * sizeof(float));
+                });
+            for (std::thread &w : workers) w.join();
+            if (i > 0) times.push_back(secondsSince(start) * 1e3);
+        }
+        const double copyMs = medianOf(times);
+        // saxpy moves 12 bytes per element (x, y read; y written), memcpy 8 (read, write).
+        rows.push_back({"kernels", device,
+                        "saxpy " + std::to_string(n >> 20) + "M portable (compiled) vs memcpy " +
+                            std::to_string(threads) + " threads",
+                        12.0 * n / (saxpyMs * 1e6), 8.0 * n / (copyMs * 1e6), "GB/s", ">= 0.80x"});
+    }
+
+    // First launch: compile (fresh cache directory) against a disk-cache load in a new process.
+    {
+        TempDir cache("bp-bench-host-cache");
+        Config config = loadConfig();
+        config.cacheDir = cache.path;
+        config.cacheEnabled = true;
+        Runtime runtime(config);
+        ComputeClient fresh = runtime.open(runtime.select(info.id()));
+        const lang::Kernel kernel = hostMatmulCandidates(size, true).front().first;
+        const auto start = Clock::now();
+        fresh.prepare(kernel.source());
+        const double compileMs = secondsSince(start) * 1e3;
+        double loadMs = 0;
+        unsigned long long compiled = 0, diskHits = 0;
+        const std::string why = spawnHostCacheProbe(cache.path.string(), loadMs, compiled, diskHits);
+        if (!why.empty() || compiled != 0 || diskHits == 0) {
+            std::fprintf(stderr, "bench kernels: %s: cache probe: %s (compiled %llu, disk hits %llu)\n",
+                         device.c_str(), why.empty() ? "not a disk hit" : why.c_str(), compiled, diskHits);
+        } else {
+            rows.push_back({"kernels", device,
+                            "first launch of " + kernel.name() +
+                                ": disk-cache load in a new process vs compile",
+                            loadMs, compileMs, "ms", "load <= 5 ms"});
+        }
+    }
 }
 
 /// The autotuner on the portable candidates (a fresh cache directory), then its winner against
@@ -537,6 +803,7 @@ void benchDevice(ComputeClient &client, const BenchOptions &options, BenchRows &
         const Baseline baseline = hostBaseline(client, size, options);
         tunedMatmul(client, device, size, baseline, options, rows);
         hostSaxpy(client, device, options, rows);
+        hostCompiledRows(client, device, options, rows);
     } else {
         // CPU-type Vulkan devices (lavapipe) run the GPU comparison at 512^3.
         const uint32_t size = options.quick || info.type == DeviceType::Cpu ? 512 : 2048;
@@ -555,6 +822,7 @@ void benchDevice(ComputeClient &client, const BenchOptions &options, BenchRows &
 } // namespace
 
 void benchKernels(const BenchOptions &options, BenchRows &rows) {
+    if (const char *fd = std::getenv(kHostProbeFdVariable)) runHostCacheProbe(fd);
     std::optional<Runtime> runtime;
     std::vector<DeviceInfo> targets;
     try {

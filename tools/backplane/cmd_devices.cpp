@@ -109,6 +109,18 @@ void printReport(const Runtime &runtime) {
                             r.id().c_str(), r.subgroupSize, r.maxBlockThreads, shared.c_str(),
                             r.maxStreams, caps.empty() ? "no optional capabilities" : caps.c_str());
             }
+        bool compilers = false;
+        for (const auto &d : runtime.devices())
+            for (const auto &r : d.routes) compilers = compilers || !r.kernelCompiler.empty();
+        if (compilers) {
+            std::printf("\nHost kernels (per route; portable kernels are compiled or interpreted)\n");
+            for (const auto &d : runtime.devices())
+                for (const auto &r : d.routes)
+                    if (!r.kernelCompiler.empty())
+                        std::printf("  %s: %s%s\n", r.id().c_str(),
+                                    r.accepts(Dialect::Cpp) ? "compiled by " : "interpreted: ",
+                                    r.kernelCompiler.c_str());
+        }
         std::printf("\nCollectives (per route; devices without them use the staged path)\n");
         for (const auto &d : runtime.devices())
             for (const auto &r : d.routes) {

@@ -17,7 +17,7 @@ namespace backplane::tool {
 namespace {
 
 constexpr const char *kUsage =
-    "usage: backplane kernels dump [--dialect cuda|hip|glsl|host|all] [NAME...]\n"
+    "usage: backplane kernels dump [--dialect cuda|hip|glsl|host|cpp|all] [NAME...]\n"
     "  no NAME: list the library kernels (backplane/kernels.hpp) with their signatures\n"
     "  NAME:    print its generated source in the dialect (default: all, each under a header)\n"
     "  names:   saxpy, reduce_sum_<i32|u32|f32>_<block>, inclusive_scan_<i32|u32|f32>_<block>\n"
@@ -34,7 +34,8 @@ struct NamedDialect {
 constexpr NamedDialect kDialects[] = {{"cuda", Dialect::Cuda},
                                       {"hip", Dialect::Hip},
                                       {"glsl", Dialect::Glsl},
-                                      {"host", Dialect::Host}};
+                                      {"host", Dialect::Host},
+                                      {"cpp", Dialect::Cpp}};
 
 /// The kernels listed when no name is given: every kernel of backplane/kernels.hpp at the sizes
 /// the tools use (the demo's reduction, the tuner's matmul tile sets).
@@ -176,7 +177,7 @@ int list() {
     std::printf("\nOther sizes: reduce_sum_<type>_<block>, inclusive_scan_<type>_<block>, "
                 "matmul_t<tile>_w<perThread>_k<depth>, row_sum_<type>_<block>,\n"
                 "softmax_rows_<type>_<block>, matmul_mu_<type>_<M>x<N>x<K>_w<wM>x<wN>_v<vector>_s<stages>[a].\n"
-                "Sources: backplane kernels dump [--dialect cuda|hip|glsl|host|all] NAME...\n");
+                "Sources: backplane kernels dump [--dialect cuda|hip|glsl|host|cpp|all] NAME...\n");
     return 0;
 }
 
@@ -192,8 +193,8 @@ int dump(const Args &args) {
                 if (wanted == "all" || wanted == d.name) dialects.push_back(d.dialect);
             if (dialects.empty()) {
                 std::fprintf(stderr,
-                             "backplane kernels dump: unknown dialect '%s' (cuda, hip, glsl, host "
-                             "or all)\n",
+                             "backplane kernels dump: unknown dialect '%s' (cuda, hip, glsl, host, "
+                             "cpp or all)\n",
                              wanted.c_str());
                 return 2;
             }
@@ -240,6 +241,17 @@ int dump(const Args &args) {
                 for (const std::string &option : v->options)
                     header += ", option " + option;
                 header += ")";
+            }
+            if (dialect == Dialect::Cpp && variantOf(found[k], dialect) == nullptr) {
+                // Interpreted on the host: say why instead of failing the whole dump.
+                std::string why;
+                try {
+                    (void)found[k].text(dialect);
+                } catch (const Error &e) {
+                    why = e.what();
+                }
+                std::printf("%s (none) ====\n%s\n", header.c_str(), why.c_str());
+                continue;
             }
             const std::string text = found[k].text(dialect);
             std::printf("%s ====\n%s%s", header.c_str(), text.c_str(),

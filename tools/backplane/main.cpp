@@ -44,7 +44,7 @@ constexpr Command kCommands[] = {
 #endif
 #ifdef BACKPLANE_HAVE_CMD_KERNELS
     {"kernels", &backplane::tool::runKernels,
-     "kernels dump [--dialect cuda|hip|glsl|host|all] [NAME...]  portable kernels' sources"},
+     "kernels dump [--dialect cuda|hip|glsl|host|cpp|all] [NAME...]  portable kernels' sources"},
 #endif
 #ifdef BACKPLANE_HAVE_CMD_CACHE
     {"cache", &backplane::tool::runCache, "cache [info|clear]        kernel and pipeline caches"},

@@ -14,7 +14,7 @@ enum class DeviceType { Other, DiscreteGpu, IntegratedGpu, VirtualGpu, Cpu };
 const char *toString(DeviceType type) noexcept;
 
 /// Kernel source dialects (mirrors bp_dialect).
-enum class Dialect { Cuda = 0, Hip = 1, Glsl = 2, Spirv = 3, Host = 4 };
+enum class Dialect { Cuda = 0, Hip = 1, Glsl = 2, Spirv = 3, Host = 4, Cpp = 5 };
 const char *toString(Dialect dialect) noexcept;
 
 /// Element types of the kernel language; the values are bp_element_type's (ABI 1.4), so bit
@@ -108,6 +108,9 @@ struct DeviceInfo {
     std::string collectives;
     /// What kernels may use on the device (ABI 1.4; defaults of ABI 1.3 for older plugins).
     KernelFeatures features;
+    /// The compiler of Dialect::Cpp kernels when the device accepts them, otherwise why not
+    /// (ABI 1.5; "" from older plugins and from plugins that compile no host code).
+    std::string kernelCompiler;
 
     /// "backend:index", e.g. "cuda:0": the id selectors and reports use.
     std::string id() const { return backend + ":" + std::to_string(index); }

@@ -177,6 +177,60 @@ inline lang::Kernel matmul(MatmulTiles tiles = {}) {
     });
 }
 
+/// The blocks of matmulRegisters(): each thread computes `rows` x (4 * `vectors`) outputs.
+struct RegisterTiles {
+    uint32_t rows = 4;     ///< rows of C per thread
+    uint32_t vectors = 4;  ///< vectors of 4 columns of C per thread
+    uint32_t threadsX = 16, threadsY = 4; ///< Dispatch::block
+
+    std::string name() const {
+        return "matmul_regs_r" + std::to_string(rows) + "_v" + std::to_string(vectors) + "_b" +
+               std::to_string(threadsX) + "x" + std::to_string(threadsY);
+    }
+    uint32_t cols() const { return 4 * vectors; }
+};
+
+/// C (m x n) = A (m x k) * B (k x n), row-major f32, without shared memory or barriers: each
+/// thread keeps a rows x cols() block of C in a private array and steps through K one element
+/// at a time, a broadcast of A times vector loads of B. Made for CPUs, where the host compiles
+/// each thread's loop into SIMD FMAs (a register-blocked micro-kernel); GPUs run it too, slower
+/// than matmul(). Bindings: a, b (read), c (write); scalars m, n, k (u32). Launch block
+/// {threadsX, threadsY, 1}, grid {ceil(n / (cols() * threadsX)), ceil(m / (rows * threadsY)), 1}.
+inline lang::Kernel matmulRegisters(RegisterTiles tiles = {}) {
+    return lang::kernel(tiles.name(), [tiles](lang::Builder &k) {
+        using lang::Value;
+        const uint32_t rows = tiles.rows, cols = tiles.cols();
+        auto a = k.input<float>();
+        auto b = k.input<float>();
+        auto c = k.output<float>();
+        auto m = k.scalar<uint32_t>();
+        auto n = k.scalar<uint32_t>();
+        auto kk = k.scalar<uint32_t>();
+        auto row0 = k.globalId().y * rows;
+        auto col0 = k.globalId().x * cols;
+        auto acc = k.array<float>(rows * cols);
+        for (uint32_t i = 0; i < rows * cols; ++i) acc[i] = 0.0f;
+        k.If(row0 < m && col0 < n, [&] {
+            k.For(0u, kk, [&](Value<uint32_t> p) {
+                std::vector<Value<float>> av;
+                // Rows past m read index m * k and beyond: out of range, 0.
+                for (uint32_t r = 0; r < rows; ++r) av.push_back(a[(row0 + r) * kk + p]);
+                for (uint32_t v = 0; v < tiles.vectors; ++v) {
+                    // Columns past n read the next row of B: their sums are never stored.
+                    const auto bv = lang::loadVector<4>(b, p * n + col0 + v * 4);
+                    for (uint32_t r = 0; r < rows; ++r)
+                        for (uint32_t j = 0; j < 4; ++j)
+                            acc[r * cols + v * 4 + j] = fma(av[r], bv[j], acc[r * cols + v * 4 + j]);
+                }
+            });
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t j = 0; j < cols; ++j)
+                    k.If(row0 + r < m && col0 + j < n,
+                         [&] { c[(row0 + r) * n + col0 + j] = acc[r * cols + j]; });
+        });
+    });
+}
+
 /// The tiles of matmulMatrixUnits(): a block of blockM x blockN outputs per workgroup, split
 /// among warpsM x warpsN subgroups (each computes (blockM / warpsM) x (blockN / warpsN) outputs
 /// as 16 x 16 accumulators), stepping blockK through K in shared memory.

@@ -788,11 +788,12 @@ class Kernel {
 public:
     Kernel() = default;
     const std::string &name() const noexcept { return source_.name; }
-    /// The variants: CUDA, HIP, GLSL text and the host interpreter (KernelVariant::hostData), in
-    /// that order; ComputeClient::execute hands each device the one it accepts.
+    /// The variants: CUDA, HIP, GLSL text, C++ for the host's compiler (when the host generator
+    /// can print the kernel) and the host interpreter (KernelVariant::hostData), in that order;
+    /// ComputeClient::execute hands each device the first one it accepts.
     const KernelSource &source() const noexcept { return source_; }
     /// The generated text of one dialect; for Dialect::Host a listing of the IR the interpreter
-    /// runs. Throws Error(Unsupported) for SPIR-V.
+    /// runs. Throws Error(Unsupported) for SPIR-V, and for C++ when the kernel has none.
     std::string text(Dialect dialect) const;
     /// Buffer bindings the kernel declares, and the size of its scalar struct as the caller packs
     /// it (Dispatch::scalar in declaration order).
@@ -807,6 +808,10 @@ public:
     /// arithmetic", "f16 buffers", "u64 atomicAdd"...; "" when the device can run it.
     /// ComputeClient::execute refuses such a kernel with Error(Unsupported) naming it.
     std::string missingOn(const KernelFeatures &features) const;
+    /// How `device` (a host device) runs the kernel: "compiled by <compiler>", or "interpreted:
+    /// <why>" (no compiler found, the compiler switched off, or what the host generator cannot
+    /// compile yet); "" on devices that take a GPU dialect.
+    std::string hostNote(const DeviceInfo &device) const;
     const detail::Module &module() const;
 
 private:

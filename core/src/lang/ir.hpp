@@ -240,6 +240,18 @@ inline uint32_t dynamicSharedBytes(const Module &module) {
 
 /// Generated sources (source_gen.cpp). `dialect` is Cuda, Hip or Glsl.
 std::string generateSource(const Module &module, Dialect dialect);
+/// The C++ the host plugin compiles for `module` (host_gen.cpp): a function
+/// `extern "C" void <hostEntryPoint(module)>(const bp_host_kernel_context *)` that runs one
+/// workgroup, its lanes as loops split at barriers. `source` is empty when the module uses what
+/// the generator does not compile yet; `reason` then says what (the kernel is interpreted).
+struct HostSource {
+    std::string source;
+    std::string reason;
+};
+HostSource generateHostSource(const Module &module);
+/// The symbol of the generated host function.
+inline std::string hostEntryPoint(const Module &module) { return "bp_host_" + module.entryPoint; }
+
 /// A readable listing of the IR (what `backplane kernels dump --dialect host` prints).
 std::string listModule(const Module &module);
 

@@ -31,6 +31,12 @@ KernelSource variantsOf(const std::shared_ptr<const detail::Module> &module) {
         Dialect::Hip, m.entryPoint, detail::generateSource(m, Dialect::Hip), {"-ffp-contract=off"}));
     source.variants.push_back(
         KernelVariant::text(Dialect::Glsl, "main", detail::generateSource(m, Dialect::Glsl)));
+    // The host plugin compiles the C++ variant with the system's compiler where it has one
+    // (DeviceInfo::kernelCompiler); a kernel the generator cannot print has none and is
+    // interpreted (Kernel::hostNote says why).
+    if (const detail::HostSource host = detail::generateHostSource(m); host.reason.empty())
+        source.variants.push_back(
+            KernelVariant::text(Dialect::Cpp, detail::hostEntryPoint(m), host.source));
     // The host variant's key is the IR listing: two kernels with the same listing are the same
     // program, so the core may share one loaded kernel between them.
     source.variants.push_back(KernelVariant::host(&detail::interpretWorkgroup, m.entryPoint,
@@ -57,7 +63,31 @@ const detail::Module &Kernel::module() const {
 std::string Kernel::text(Dialect dialect) const {
     const detail::Module &m = module();
     if (dialect == Dialect::Host) return detail::listModule(m);
+    if (dialect == Dialect::Cpp) {
+        detail::HostSource host = detail::generateHostSource(m);
+        if (!host.reason.empty())
+            throw Error(ErrorCode::Unsupported, "kernel '" + m.name + "' has no C++ for the host: " +
+                                                    host.reason + " (it is interpreted there)");
+        return std::move(host.source);
+    }
     return detail::generateSource(m, dialect);
+}
+
+std::string Kernel::hostNote(const DeviceInfo &device) const {
+    const detail::Module &m = module();
+    for (const KernelVariant &v : source_.variants) {
+        if (!device.accepts(v.dialect)) continue;
+        if (v.dialect == Dialect::Cpp) return "compiled by " + device.kernelCompiler;
+        if (v.dialect == Dialect::Host) break;
+        return {}; // a GPU dialect
+    }
+    if (!device.accepts(Dialect::Host)) return {};
+    if (device.accepts(Dialect::Cpp))
+        return "interpreted: the host generator cannot compile " +
+               detail::generateHostSource(m).reason + " yet";
+    return "interpreted: " +
+           (device.kernelCompiler.empty() ? std::string("the device compiles no C++")
+                                          : device.kernelCompiler);
 }
 
 uint32_t Kernel::bindingCount() const noexcept {
@@ -190,7 +220,8 @@ namespace backplane::lang::detail {
 
 std::string annotateCompileError(const Module &module, Dialect dialect, const std::string &message) {
     if (dialect == Dialect::Host || dialect == Dialect::Spirv) return message;
-    const std::string source = generateSource(module, dialect);
+    const std::string source =
+        dialect == Dialect::Cpp ? generateHostSource(module).source : generateSource(module, dialect);
     std::vector<std::string> lines(1);
     for (char c : source) {
         if (c == '\n') lines.emplace_back();

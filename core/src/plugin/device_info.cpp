@@ -29,6 +29,7 @@ const char *toString(Dialect dialect) noexcept {
     case Dialect::Glsl: return "glsl";
     case Dialect::Spirv: return "spirv";
     case Dialect::Host: return "host";
+    case Dialect::Cpp: return "cpp";
     }
     return "unknown";
 }
@@ -219,6 +220,8 @@ DeviceInfo toDeviceInfo(const std::string &backend, uint32_t index, const bp_dev
     // ABI 1.3 kernels had (PluginLibrary::deviceInfo also cuts struct_size for tables < 1.4).
     out.features = in.struct_size >= kDeviceInfoSize14 ? kernelFeaturesOf(in)
                                                        : kernelFeaturesBeforeAbi14();
+    if (in.struct_size >= kDeviceInfoSize15)
+        out.kernelCompiler = fixedString(in.kernel_compiler, sizeof(in.kernel_compiler));
     return out;
 }
 

@@ -18,6 +18,9 @@ inline constexpr size_t kDeviceInfoSize13 =
     (offsetof(bp_device_info, element_storage) + alignof(bp_device_info) - 1) /
     alignof(bp_device_info) * alignof(bp_device_info);
 static_assert(kDeviceInfoSize13 < kDeviceInfoSize14);
+/// Where ABI 1.5's kernel_compiler ends.
+inline constexpr size_t kDeviceInfoSize15 =
+    offsetof(bp_device_info, kernel_compiler) + sizeof(bp_device_info::kernel_compiler);
 
 /// What kernels of a plugin older than ABI 1.4 may use: storage and arithmetic of bool, i32,
 /// u32, f32; atomic add and bits on i32 and u32; no vectors; no matrix units.

@@ -268,8 +268,10 @@ KernelRegistry::Recompiled KernelRegistry::recompileAfterLaunchFailure(const Ker
 
 KernelRegistry::Built KernelRegistry::build(const KernelSource &kernel,
                                             const KernelVariant &variant) {
-    const bool portable =
-        driver_->hasCapability(BP_CAPABILITY_PORTABLE_BINARIES) && config_.cacheEnabled;
+    // A host-dialect blob is a function pointer of this process, whatever the plugin declares
+    // (ABI 1.5: PORTABLE_BINARIES covers the other dialects only).
+    const bool portable = driver_->hasCapability(BP_CAPABILITY_PORTABLE_BINARIES) &&
+                          variant.dialect != Dialect::Host && config_.cacheEnabled;
     const std::string key = portable ? diskCacheKey(variant) : std::string();
     if (!portable) return {compileAndLoad(kernel, variant, key), false};
     auto blob = loadCachedKernel(config_, key);

@@ -17,8 +17,8 @@ namespace {
 
 
 constexpr uint32_t kSpirvMagic = 0x07230203u;
-constexpr bp_dialect kAllDialects[] = {BP_DIALECT_CUDA, BP_DIALECT_HIP, BP_DIALECT_GLSL,
-                                       BP_DIALECT_SPIRV, BP_DIALECT_HOST};
+constexpr bp_dialect kAllDialects[] = {BP_DIALECT_CUDA, BP_DIALECT_HIP,  BP_DIALECT_GLSL,
+                                       BP_DIALECT_SPIRV, BP_DIALECT_HOST, BP_DIALECT_CPP};
 
 std::string dims(const uint32_t v[3]) {
     return std::to_string(v[0]) + "x" + std::to_string(v[1]) + "x" + std::to_string(v[2]);
@@ -468,7 +468,7 @@ CONFORMANCE_CASE("kernel.unknown_dialect", "kernel_compile and kernel_load with 
                                            "outside the ABI's enum fail with "
                                            "BP_ERROR_INVALID_ARGUMENT.") {
     const KernelText text = saxpySource(BP_DIALECT_HOST); // any bytes will do
-    for (const uint32_t value : {5u, 77u, 0xffffffffu}) {
+    for (const uint32_t value : {6u, 77u, 0xffffffffu}) {
         bp_kernel_compile_args args{};
         args.struct_size = sizeof(args);
         args.dialect = rawEnum<bp_dialect>(static_cast<int>(value));

@@ -16,7 +16,7 @@ constexpr uint32_t kKnownCapabilities =
     BP_CAPABILITY_ASYNC_STREAMS | BP_CAPABILITY_TIMESTAMPS | BP_CAPABILITY_PEER_COPY |
     BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY | BP_CAPABILITY_INDIRECT_DISPATCH |
     BP_CAPABILITY_PORTABLE_BINARIES | BP_CAPABILITY_COLLECTIVES;
-constexpr uint32_t kKnownDialects = (1u << (BP_DIALECT_HOST + 1)) - 1;
+constexpr uint32_t kKnownDialects = (1u << (BP_DIALECT_CPP + 1)) - 1;
 
 bool terminated(const char *field, size_t capacity) {
     return std::memchr(field, '\0', capacity) != nullptr;

@@ -46,6 +46,7 @@ KernelText saxpySource(bp_dialect dialect) {
     case BP_DIALECT_GLSL: return portableText(Dialect::Glsl);
     case BP_DIALECT_CUDA: return portableText(Dialect::Cuda);
     case BP_DIALECT_HIP: return portableText(Dialect::Hip);
+    case BP_DIALECT_CPP: return portableText(Dialect::Cpp);
     default: throw NotApplicable("the suite has no saxpy in dialect " + std::to_string(dialect));
     }
 }

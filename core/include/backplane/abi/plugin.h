@@ -163,6 +163,12 @@ typedef enum bp_dialect {
     BP_DIALECT_GLSL = 2,  ///< GLSL compute shader, compiled to SPIR-V
     BP_DIALECT_SPIRV = 3, ///< SPIR-V binary (source_size a multiple of 4)
     BP_DIALECT_HOST = 4,  ///< a native function: source is a bp_host_kernel_source
+    /// (1.5) C++ source compiled for the host CPU by the plugin (the host plugin, with the
+    /// system's compiler): it defines `extern "C" void ENTRY(const bp_host_kernel_context *)`,
+    /// called once per workgroup like a BP_DIALECT_HOST function, with user_data NULL. The
+    /// source declares what it uses itself (no include path is given). The blob is a shared
+    /// object, portable to another process of the same compiler and CPU.
+    BP_DIALECT_CPP = 5,
 } bp_dialect;
 
 /// Capability bits of bp_device_info::capabilities.
@@ -180,6 +186,9 @@ enum {
     BP_CAPABILITY_INDIRECT_DISPATCH = 1u << 4,
     /// kernel_compile produces blobs that stay valid in another process (the core may put them in
     /// its on-disk cache). Host-dialect kernels, for instance, are function pointers: not portable.
+    /// (1.5) Never covers BP_DIALECT_HOST blobs, which a core of 1.5 or newer keeps in memory
+    /// only; a plugin that also compiles host functions declares it only to such a core
+    /// (bp_plugin_init_args::host_abi_minor >= 5).
     BP_CAPABILITY_PORTABLE_BINARIES = 1u << 5,
     /// (1.1) comm_id_create, comm_create, comm_destroy, comm_abort, comm_group and collective
     /// work on this device (bp_device_info::collectives names the engine).
@@ -268,6 +277,11 @@ typedef struct bp_device_info {
     uint32_t vector_widths;       ///< bit n set: vector loads/stores of n elements (n = 2, 4, 8)
     uint32_t matrix_shape_count;  ///< entries of matrix_shapes in use
     bp_matrix_shape matrix_shapes[BP_MAX_MATRIX_SHAPES];
+    /* ABI 1.5 */
+    /// The compiler of BP_DIALECT_CPP kernels when the device accepts them ("g++ (Debian
+    /// 12.2.0-14) 12.2.0 -O3 -march=native ..."); otherwise why not ("no C++ compiler found on
+    /// PATH"), or "" when the plugin compiles no host code.
+    char kernel_compiler[256];
 } bp_device_info;
 
 /// Arguments of device_open. Reserved for options; fill struct_size.

@@ -34,6 +34,7 @@
 #include <backplane/abi/plugin.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -84,7 +85,7 @@ template <class Enum> uint32_t rawValue(const Enum &field) noexcept {
     return raw;
 }
 
-/// "cuda", "hip", "glsl", "spirv", "host", or "unknown dialect N" for a value that is no dialect.
+/// "cuda", "hip", "glsl", "spirv", "host", "cpp", or "unknown dialect N" for a value that is no dialect.
 inline std::string dialectName(const bp_dialect &dialect) {
     switch (const uint32_t value = rawValue(dialect)) {
     case BP_DIALECT_CUDA: return "cuda";
@@ -92,6 +93,7 @@ inline std::string dialectName(const bp_dialect &dialect) {
     case BP_DIALECT_GLSL: return "glsl";
     case BP_DIALECT_SPIRV: return "spirv";
     case BP_DIALECT_HOST: return "host";
+    case BP_DIALECT_CPP: return "cpp";
     default: return "unknown dialect " + std::to_string(value);
     }
 }
@@ -99,7 +101,7 @@ inline std::string dialectName(const bp_dialect &dialect) {
 /// The status for refusing a kernel dialect: BP_ERROR_UNSUPPORTED for a dialect the ABI defines
 /// but this device does not take, BP_ERROR_INVALID_ARGUMENT for a value that is no dialect.
 inline bp_status refusedDialectStatus(const bp_dialect &dialect) noexcept {
-    return rawValue(dialect) <= BP_DIALECT_HOST ? BP_ERROR_UNSUPPORTED : BP_ERROR_INVALID_ARGUMENT;
+    return rawValue(dialect) <= BP_DIALECT_CPP ? BP_ERROR_UNSUPPORTED : BP_ERROR_INVALID_ARGUMENT;
 }
 
 /// A zero-initialised ABI struct with struct_size set: the way to build any argument struct.
@@ -268,7 +270,11 @@ public:
     explicit Plugin(const bp_plugin_init_args &args)
         : log_(args.log), logUser_(args.log_user),
           cacheDir_(args.cache_dir ? args.cache_dir : ""),
-          optionsJson_(args.options_json ? args.options_json : "{}") {}
+          optionsJson_(args.options_json ? args.options_json : "{}"),
+          hostAbiMinor_(args.struct_size >= offsetof(bp_plugin_init_args, host_abi_minor) +
+                                              sizeof(args.host_abi_minor)
+                            ? args.host_abi_minor
+                            : 0) {}
     virtual ~Plugin() = default;
     Plugin(const Plugin &) = delete;
     Plugin &operator=(const Plugin &) = delete;
@@ -291,12 +297,16 @@ public:
     const std::string &cacheDir() const noexcept { return cacheDir_; }
     /// Plugin-specific options (JSON text, "{}" when none).
     const std::string &optionsJson() const noexcept { return optionsJson_; }
+    /// The ABI minor version the core speaks (what a capability may depend on: see
+    /// BP_CAPABILITY_PORTABLE_BINARIES).
+    uint32_t hostAbiMinor() const noexcept { return hostAbiMinor_; }
 
 private:
     void (*log_)(void *, bp_log_level, const char *);
     void *logUser_;
     std::string cacheDir_;
     std::string optionsJson_;
+    uint32_t hostAbiMinor_;
 };
 
 namespace detail {
