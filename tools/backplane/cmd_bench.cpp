@@ -1,6 +1,7 @@
 // `backplane bench [SUITE...] [--quick] [--json] [--device SEL]`: runtime vs raw API, one table.
 #include "bench.hpp"
 #include "commands.hpp"
+#include "trace_option.hpp"
 
 #include <backplane/error.hpp>
 
@@ -51,7 +52,8 @@ const std::vector<Suite> &suites() {
 }
 
 int usage() {
-    std::fputs("usage: backplane bench [SUITE...] [--quick] [--json] [--device SELECTOR]\nsuites:",
+    std::fputs("usage: backplane bench [SUITE...] [--quick] [--json] [--device SELECTOR] "
+               "[--trace FILE]\nsuites:",
                stderr);
     for (const Suite &s : suites()) std::fprintf(stderr, " %s", s.name);
     std::fputs("\n", stderr);
@@ -60,7 +62,8 @@ int usage() {
 
 } // namespace
 
-int runBench(const Args &args) {
+/// runBench without --trace.
+static int runBenchUntraced(const Args &args) {
     BenchOptions options;
     bool json = false;
     std::vector<std::string> wanted;
@@ -107,5 +110,7 @@ int runBench(const Args &args) {
                     r.target.c_str());
     return 0;
 }
+
+int runBench(const Args &args) { return runTraced(args, "bench", &runBenchUntraced); }
 
 } // namespace backplane::tool

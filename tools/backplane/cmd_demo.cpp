@@ -1,6 +1,7 @@
 // `backplane demo`: select a device, say why, run the portable saxpy, reduction and tuned matmul;
 // check each on the CPU.
 #include "commands.hpp"
+#include "trace_option.hpp"
 #include "demo_matmul.hpp"
 
 #include <backplane/cache.hpp>
@@ -206,7 +207,8 @@ int runDataParallel(const std::string &which) {
 
 } // namespace
 
-int runDemo(const Args &args) {
+/// runDemo without --trace.
+static int runDemoUntraced(const Args &args) {
     std::string selector;
     std::string many;
     for (size_t i = 0; i < args.size(); ++i) {
@@ -216,7 +218,8 @@ int runDemo(const Args &args) {
             many = args[++i];
         } else {
             std::fprintf(stderr,
-                         "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...]\n");
+                         "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...] "
+                         "[--trace FILE]\n");
             return 2;
         }
     }
@@ -300,5 +303,7 @@ int runDemo(const Args &args) {
         return 1;
     }
 }
+
+int runDemo(const Args &args) { return runTraced(args, "demo", &runDemoUntraced); }
 
 } // namespace backplane::tool
