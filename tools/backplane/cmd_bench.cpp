@@ -1,6 +1,7 @@
 // `backplane bench [SUITE...] [--quick] [--json] [--device SEL]`: runtime vs raw API, one table.
 #include "bench.hpp"
 #include "commands.hpp"
+#include "trace_option.hpp"
 
 #include <backplane/error.hpp>
 
@@ -57,7 +58,8 @@ const std::vector<Suite> &suites() {
 
 int usage(bool asked = false) {
     std::FILE *out = asked ? stdout : stderr;
-    std::fputs("usage: backplane bench [SUITE...] [--quick] [--json] [--device SELECTOR]\nsuites:",
+    std::fputs("usage: backplane bench [SUITE...] [--quick] [--json] [--device SELECTOR] "
+               "[--trace FILE]\nsuites:",
                out);
     for (const Suite &s : suites()) std::fprintf(out, " %s", s.name);
     std::fputs("\n", out);
@@ -105,7 +107,8 @@ void printTable(const BenchRows &rows) {
 
 } // namespace
 
-int runBench(const Args &args) {
+/// runBench without --trace.
+static int runBenchUntraced(const Args &args) {
     if (wantsHelp(args)) return usage(true);
     BenchOptions options;
     bool json = false;
@@ -164,5 +167,7 @@ int runBench(const Args &args) {
     printTable(rows);
     return 0;
 }
+
+int runBench(const Args &args) { return runTraced(args, "bench", &runBenchUntraced); }
 
 } // namespace backplane::tool

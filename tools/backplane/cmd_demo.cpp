@@ -1,6 +1,7 @@
 // `backplane demo`: select a device, say why, run the portable saxpy, reduction and tuned matmul;
 // check each on the CPU.
 #include "commands.hpp"
+#include "trace_option.hpp"
 #include "demo_matmul.hpp"
 
 #include <backplane/cache.hpp>
@@ -206,11 +207,13 @@ int runDataParallel(const std::string &which) {
 
 } // namespace
 
-int runDemo(const Args &args) {
+/// runDemo without --trace.
+static int runDemoUntraced(const Args &args) {
     static constexpr const char *kUsage =
-        "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...]\n"
+        "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...] [--trace FILE]\n"
         "Runs the built-in workload (a matmul, checked against the host) on the best device\n"
-        "present, or the one SELECTOR names; --devices runs it data-parallel over several.\n";
+        "present, or the one SELECTOR names; --devices runs it data-parallel over several;\n"
+        "--trace FILE records a timeline of the run (docs/trace.md).\n";
     if (wantsHelp(args)) return printUsage(kUsage, true);
     std::string selector;
     std::string many;
@@ -304,5 +307,7 @@ int runDemo(const Args &args) {
         return 1;
     }
 }
+
+int runDemo(const Args &args) { return runTraced(args, "demo", &runDemoUntraced); }
 
 } // namespace backplane::tool

@@ -34,5 +34,6 @@ int runCache(const Args &args);   ///< backplane cache [info|clear]
 int runConformance(const Args &args); ///< backplane conformance [--plugin NAME|MANIFEST]...
 int runPlugin(const Args &args);  ///< backplane plugin new NAME [--meson|--cmake] [--dir DIR]
 int runKernels(const Args &args); ///< backplane kernels dump [--dialect D] [NAME...]
+int runTrace(const Args &args);   ///< backplane trace render TRACE.json OUT.svg
 
 } // namespace backplane::tool

@@ -46,6 +46,10 @@ constexpr Command kCommands[] = {
     {"kernels", &backplane::tool::runKernels,
      "kernels dump [--dialect cuda|hip|glsl|host|cpp|all] [NAME...]  portable kernels' sources"},
 #endif
+#ifdef BACKPLANE_HAVE_CMD_TRACE
+    {"trace", &backplane::tool::runTrace,
+     "trace render TRACE.json OUT.svg  draw a trace (BACKPLANE_TRACE, --trace) as an SVG"},
+#endif
 #ifdef BACKPLANE_HAVE_CMD_CACHE
     {"cache", &backplane::tool::runCache, "cache [info|clear]        kernel and pipeline caches"},
 #endif
@@ -59,7 +63,7 @@ int usage(std::FILE *out) {
     for (const Command &c : kCommands)
         if (c.name != nullptr) std::fprintf(out, "  %s\n", c.usage);
     std::fputs("\nenvironment: BACKPLANE_CONFIG, BACKPLANE_DEVICE, BACKPLANE_PLUGIN_PATH, "
-               "BACKPLANE_CACHE_DIR,\n  BACKPLANE_AUTOTUNE, BACKPLANE_MAX_STREAMS, BACKPLANE_LOG "
+               "BACKPLANE_CACHE_DIR,\n  BACKPLANE_AUTOTUNE, BACKPLANE_MAX_STREAMS, BACKPLANE_LOG, BACKPLANE_TRACE "
                "(docs/config.md)\n",
                out);
     return out == stdout ? 0 : 2;

@@ -81,7 +81,11 @@ MemoryPool::~MemoryPool() = default;
 
 MemoryPool::Page &MemoryPool::newPage(Pool &pool, uint64_t bytes) {
     auto page = std::make_unique<Page>();
+    const TraceSpan span;
     page->memory = driver_->allocate(BP_MEMORY_DEVICE, bytes);
+    if (span)
+        traceComplete(tracePid_, kTraceMemoryLane, "memory", "new page (" + pool.name + ")",
+                      span.start, {{"bytes", bytes}});
     page->freeRanges.emplace(0, FreeRange{bytes, {}});
     ++pageAllocations_;
     if (log::enabled(log::Subsystem::Memory, log::Level::Debug))
@@ -321,6 +325,14 @@ void MemoryPool::releaseIdle(bool everything, Clock::time_point now,
             return !releasable(*page, everything, now, settled);
         });
         pageReleases_ += static_cast<uint64_t>(pages.end() - released);
+        if (tracing() && released != pages.end()) {
+            // Taken from the pool here; the plugin frees them when the caller drops `freed`.
+            uint64_t bytes = 0;
+            for (auto it = released; it != pages.end(); ++it) bytes += (*it)->memory.size;
+            traceComplete(tracePid_, kTraceMemoryLane, "memory", "release pages (" + pool.name + ")",
+                          TraceClock::now(),
+                          {{"pages", static_cast<uint64_t>(pages.end() - released)}, {"bytes", bytes}});
+        }
         for (auto it = released; it != pages.end(); ++it) freed.push_back(std::move((*it)->memory));
         pages.erase(released, pages.end());
     }

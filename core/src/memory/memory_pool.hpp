@@ -3,6 +3,7 @@
 
 #include "memory/slice.hpp"
 #include "server/driver.hpp"
+#include "trace/trace_recorder.hpp"
 
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
@@ -53,6 +54,8 @@ public:
     ~MemoryPool();
     MemoryPool(const MemoryPool &) = delete;
     MemoryPool &operator=(const MemoryPool &) = delete;
+    /// The device (process id) its page allocations and releases are traced under.
+    void setTracePid(uint32_t pid) noexcept { tracePid_ = pid; }
 
     /// A slice of at least `size` bytes for stream slot `slot`, with the hazards of the memory it
     /// reuses. Prefers memory with no pending use on another slot. Null when it would need a new
@@ -134,6 +137,7 @@ private:
     Clock::time_point lastCheck_ = Clock::now();
     uint64_t pageAllocations_ = 0;
     uint64_t pageReleases_ = 0;
+    uint32_t tracePid_ = 0;
 };
 
 } // namespace backplane::detail

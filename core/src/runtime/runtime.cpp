@@ -241,6 +241,8 @@ Runtime::Runtime(Config config) : impl_(std::make_unique<Impl>()) {
                std::to_string(impl_->reports.size()) + " plugin manifest(s), " +
                    std::to_string(impl_->libraries.size()) + " loaded, " +
                    std::to_string(impl_->devices.size()) + " device(s)");
+    // Last: a Runtime that failed to construct never owns the trace.
+    impl_->environmentTrace = detail::startEnvironmentTrace();
 }
 
 Runtime::Runtime() : Runtime(loadConfig()) {}

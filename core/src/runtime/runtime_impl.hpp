@@ -5,6 +5,7 @@
 #include <backplane/runtime.hpp>
 
 #include "plugin/plugin_library.hpp"
+#include "trace/trace_recorder.hpp"
 
 #include <filesystem>
 #include <map>
@@ -21,6 +22,15 @@ struct Runtime::Impl {
     std::vector<PhysicalDevice> devices; ///< best first (default order)
     /// Loaded plugins by name (DeviceInfo::backend). Shared with everything opened from them.
     std::map<std::string, std::shared_ptr<detail::PluginLibrary>> libraries;
+    /// This Runtime started BACKPLANE_TRACE's trace: it is written when the Runtime goes.
+    bool environmentTrace = false;
+
+    Impl() = default;
+    Impl(const Impl &) = delete;
+    Impl &operator=(const Impl &) = delete;
+    ~Impl() {
+        if (environmentTrace) detail::stopEnvironmentTrace();
+    }
 
     /// The loaded library of plugin `backend` (a DeviceInfo::backend), or nullptr.
     std::shared_ptr<detail::PluginLibrary> library(const std::string &backend) const {

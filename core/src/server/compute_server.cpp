@@ -52,9 +52,13 @@ ComputeServer::ComputeServer(std::shared_ptr<Driver> driver, const Config &confi
     pool_ = std::make_unique<MemoryPool>(driver_, layout_, freeQueue_, tracker_);
     const auto [chunk, limit] = stagingSizes(info(), config_);
     staging_ = std::make_unique<StagingPool>(driver_, chunk, limit);
+    pool_->setTracePid(tracePid());
+    traceNameDevice(tracePid(), info().id() + " " + info().name + " (open #" +
+                                    std::to_string(openNumber_) + ")");
     if (driver_->hasCapability(BP_CAPABILITY_ASYNC_STREAMS)) {
         multi_ = std::make_unique<MultiStream>(streams_, maxStreams_, tracker_,
                                                [this](const std::string &why) { markLost(why); });
+        multi_->setTracePid(tracePid());
     } else {
         scheduler_ = std::make_unique<SchedulerMultiStream>(
             *streams_, maxStreams_, config_.schedulerMaxTasks, config_.schedulerMode);
@@ -353,7 +357,10 @@ Buffer ComputeServer::empty(StreamId stream, uint64_t size) {
         checkAlive();
         return Buffer(zeroSlice(slotOf(stream)));
     }
-    return Buffer(allocate(slotOf(stream), size));
+    const TraceSpan span;
+    Buffer buffer(allocate(slotOf(stream), size));
+    if (span) traceComplete(tracePid(), slotOf(stream), "memory", "alloc", span.start, {{"bytes", size}});
+    return buffer;
 }
 
 Buffer ComputeServer::create(StreamId stream, const void *data, uint64_t size) {
@@ -538,6 +545,14 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     // compile, no plugin call, on every device alike.
     const auto zero = [](const Dims3 &d) { return d[0] == 0 || d[1] == 0 || d[2] == 0; };
     if (zero(dispatch.block) || (!dispatch.gridBuffer && zero(dispatch.grid))) return;
+    const TraceSpan span; // from the lookup (and a first compile) to the launch's submission
+    const auto traced = [&] {
+        if (span)
+            traceComplete(tracePid(), slotOf(stream), "launch", kernel.name, span.start,
+                          {{"grid_x", dispatch.gridBuffer ? 0 : dispatch.grid[0]},
+                           {"block_x", dispatch.block[0]},
+                           {"bindings", dispatch.bindings.size()}});
+    };
     // Compiling (or waiting for another thread's compile) takes no engine lock.
     bp_kernel *handle = kernels_.find(kernel);
     const uint32_t slot = slotOf(stream);
@@ -599,6 +614,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
             }
         }
         throttle(slot);
+        traced();
         return;
     }
     // Scheduler streams run the launch later: it owns copies of everything it points to.
@@ -611,13 +627,16 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     data->bindings.assign(bindings.begin(), bindings.end());
     data->scalars = dispatch.scalars;
     data->args = args;
-    std::lock_guard lock(mutex_);
-    submit(slot, std::span(slices.data(), slices.size()),
-           [driver, data, name = kernel.name](bp_stream *s) {
-               data->args.bindings = data->bindings.data();
-               data->args.scalars = data->scalars.empty() ? nullptr : data->scalars.data();
-               driver->launch(s, data->args, name);
-           });
+    {
+        std::lock_guard lock(mutex_);
+        submit(slot, std::span(slices.data(), slices.size()),
+               [driver, data, name = kernel.name](bp_stream *s) {
+                   data->args.bindings = data->bindings.data();
+                   data->args.scalars = data->scalars.empty() ? nullptr : data->scalars.data();
+                   driver->launch(s, data->args, name);
+               });
+    }
+    traced();
 }
 
 // ----- streams ----------------------------------------------------------------------------------
@@ -625,6 +644,7 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
 Fence ComputeServer::fenceLocked(uint32_t slot) { return multi_->flush(slot); }
 
 void ComputeServer::syncSlot(uint32_t slot) {
+    const TraceSpan span;
     if (multi_) {
         std::vector<Hold> holds;
         Fence fence;
@@ -639,6 +659,7 @@ void ComputeServer::syncSlot(uint32_t slot) {
             for (Hold &h : holds) lostHolds_.push_back(std::move(h));
             throw;
         }
+        if (span) traceComplete(tracePid(), slot, "sync", "sync", span.start);
         return; // `holds` drops here: their uses completed
     }
     // Interleaved batches may run on another slot's backend stream: submit and wait for all.
@@ -670,6 +691,7 @@ void ComputeServer::close() {
 }
 
 void ComputeServer::syncAll() {
+    const TraceSpan span;
     std::vector<Fence> fences;
     std::vector<Hold> holds;
     std::vector<uint64_t> cursors;
@@ -696,6 +718,9 @@ void ComputeServer::syncAll() {
         throw;
     }
     for (uint32_t slot = 0; slot < cursors.size(); ++slot) tracker_.complete(slot, cursors[slot]);
+    if (span)
+        traceComplete(tracePid(), kTraceHostLane, "sync", "sync all streams", span.start,
+                      {{"fences", fences.size()}});
 }
 
 void ComputeServer::flush(StreamId stream) {

@@ -9,6 +9,7 @@
 #include "stream/hazards.hpp"
 #include "stream/multi_stream.hpp"
 #include "stream/scheduler_stream.hpp"
+#include "trace/trace_recorder.hpp"
 
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
@@ -97,6 +98,8 @@ public:
     Driver &driver() noexcept { return *driver_; }
     bool asyncStreams() const noexcept { return multi_ != nullptr; }
     const PoolLayout &poolLayout() const noexcept { return layout_; }
+    /// This device's process id in traces (its open number).
+    uint32_t tracePid() const noexcept { return static_cast<uint32_t>(openNumber_); }
 
     Buffer create(StreamId stream, const void *data, uint64_t size);
     Buffer empty(StreamId stream, uint64_t size);

@@ -27,14 +27,23 @@ void ComputeServer::copyToDevice(StreamId stream, const Buffer &src, uint64_t sr
     checkBufferRange(src, srcOffset, size, "cross-device copy source range");
     checkBufferRange(dstBuffer, dstOffset, size, "cross-device copy destination range");
     if (size == 0) return;
+    const TraceSpan span; // on the source's lane, named after the destination
+    const auto traced = [&](const char *how) {
+        if (span)
+            traceComplete(tracePid(), slotOf(stream), "copy",
+                          std::string("copy to ") + dst.info().id() + " (" + how + ")", span.start,
+                          {{"bytes", size}, {"to_pid", dst.tracePid()}});
+    };
     if (multi_ && dst.multi_ && dst.driver_->peerAccess(*driver_)) {
         copyPeerTo(slotOf(stream), a, src.offset() + srcOffset, dst, dst.slotOf(dstStream), b,
                    dstBuffer.offset() + dstOffset, size);
         ++peerCopies_;
+        traced("peer");
         return;
     }
     copyStagedTo(stream, src, srcOffset, dst, dstStream, dstBuffer, dstOffset, size);
     ++stagedCopies_;
+    traced("staged");
 }
 
 void ComputeServer::copyPeerTo(uint32_t slot, const std::shared_ptr<Slice> &a, uint64_t from,
@@ -181,12 +190,16 @@ void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_arg
     }
     const uint32_t slot = slotOf(stream);
     Driver *driver = driver_.get();
+    const TraceSpan span;
     {
         std::lock_guard lock(mutex_);
         submit(slot, std::span(slices.data(), slices.size()),
                [&](bp_stream *s) { driver->collective(s, comm, args); });
     }
     throttle(slot);
+    if (span)
+        traceComplete(tracePid(), slot, "collective", what, span.start,
+                      {{"send_bytes", sendBytes}, {"recv_bytes", recvBytes}});
 }
 
 } // namespace backplane::detail

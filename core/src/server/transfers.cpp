@@ -24,6 +24,15 @@ void checkPinnedSize(const PinnedBuffer &pinned, uint64_t size, const char *what
                                                     std::to_string(pinned.size()) + " bytes");
 }
 
+/// The wait of a read's future, on the lane of the stream that issued it.
+void traceReadWait(const std::weak_ptr<ComputeServer> &server, uint32_t slot,
+                   const TraceSpan &waited, uint64_t size) {
+    if (!waited) return;
+    if (auto alive = server.lock())
+        traceComplete(alive->tracePid(), slot, "transfer", "read (wait)", waited.start,
+                      {{"bytes", size}});
+}
+
 void checkHostPointer(const void *host, const char *what) {
     if (host == nullptr)
         throw Error(ErrorCode::InvalidArgument,
@@ -130,6 +139,7 @@ void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &sli
     // one chunk copies on the calling thread (ParallelCopy splits only large copies).
     for (uint64_t i = 0; i < count; ++i) {
         StagingLease &lease = leases[i % leases.size()];
+        const TraceSpan chunkSpan; // the wait for the block, the host copy into it, the submit
         Fence &ready = lease.block().ready;
         waitFence(ready); // this transfer's copy from the same block, one ring ago
         ready = {};
@@ -142,6 +152,9 @@ void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &sli
                                      n);
         });
         ready = fenceLocked(slot);
+        if (chunkSpan)
+            traceComplete(tracePid(), slot, "staging", "write chunk", chunkSpan.start,
+                          {{"bytes", n}, {"chunk", i}});
     }
     // The leases go back to the pool with their fences: no one touches a block before its copy
     // completed, and the pool never frees one before that either.
@@ -162,10 +175,14 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
     const CopyPlan plan = copyPlan(config_);
     const uint64_t depth = leases.size();
     auto drain = [&](uint64_t i) {
+        const TraceSpan chunkSpan; // the wait for the chunk's copy, then the host copy out
         StagingLease &lease = leases[i % depth];
         waitFence(lease.block().ready);
         lease.block().ready = {};
         ParallelCopy::shared().copy(out + chunks.offset(i), lease.data(), chunks.bytes(i), plan);
+        if (chunkSpan)
+            traceComplete(tracePid(), slot, "staging", "read chunk", chunkSpan.start,
+                          {{"bytes", chunks.bytes(i)}, {"chunk", i}});
     };
     for (uint64_t i = 0; i < count; ++i) {
         // The chunks after i - depth are in flight while chunk i - depth is copied out.
@@ -195,6 +212,10 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
     offset += buffer.offset();
     checkHostPointer(data, "write");
     const uint32_t slot = slotOf(stream);
+    const TraceSpan span;
+    const auto traced = [&] {
+        if (span) traceComplete(tracePid(), slot, "transfer", "write", span.start, {{"bytes", size}});
+    };
     if (!multi_) {
         // Scheduler streams: the queued task owns a copy of the data.
         auto bytes = std::make_shared<std::vector<std::byte>>(
@@ -207,10 +228,12 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
         submit(slot, slices, [driver, memory, base, bytes](bp_stream *s) {
             driver->copyHostToDevice(s, bytes->data(), memory, base, bytes->size());
         });
+        traced();
         return;
     }
     writeStaged(slot, slice, offset, static_cast<const std::byte *>(data), size);
     throttle(slot);
+    traced();
 }
 
 void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t offset, void *into,
@@ -223,6 +246,10 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
     offset += buffer.offset();
     checkHostPointer(into, "readInto");
     const uint32_t slot = slotOf(stream);
+    const TraceSpan span;
+    const auto traced = [&] {
+        if (span) traceComplete(tracePid(), slot, "transfer", "read", span.start, {{"bytes", size}});
+    };
     if (!multi_) {
         const SlicePtr slices[] = {&slice};
         Driver *driver = driver_.get();
@@ -235,10 +262,12 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
             });
         }
         syncSlot(slot);
+        traced();
         return;
     }
     readStaged(slot, slice, offset, size, static_cast<std::byte *>(into));
     throttle(slot);
+    traced();
 }
 
 ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t offset,
@@ -255,6 +284,11 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
     Driver *driver = driver_.get();
     bp_memory *memory = slice->memory;
     const uint64_t base = slice->offset + offset;
+    // A read that returns a pending future is traced up to its submission ("read (async)").
+    const TraceSpan span;
+    const auto traced = [&](const char *name) {
+        if (span) traceComplete(tracePid(), slot, "transfer", name, span.start, {{"bytes", size}});
+    };
     if (!multi_) {
         auto out = std::make_shared<std::vector<std::byte>>(size);
         {
@@ -264,12 +298,14 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
             });
         }
         syncSlot(slot);
+        traced("read");
         return ReadFuture([out] { return std::move(*out); });
     }
     if (size > staging_->blockBytes()) {
         // Larger reads run the staged pipeline now; the future is ready.
         auto out = std::make_shared<std::vector<std::byte>>(size);
         readStaged(slot, slice, offset, size, out->data());
+        traced("read");
         return ReadFuture([out] { return std::move(*out); });
     }
     const std::weak_ptr<ComputeServer> self = weak_from_this();
@@ -290,8 +326,11 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
         }
         lease->block().ready = fence;
         throttle(slot);
-        return ReadFuture([self, lease, fence, size]() mutable {
+        traced("read (async)");
+        return ReadFuture([self, lease, fence, size, slot]() mutable {
+            const TraceSpan waited;
             waitFence(self, fence);
+            traceReadWait(self, slot, waited, size);
             lease->block().ready = {};
             std::vector<std::byte> out(lease->data(), lease->data() + size);
             lease.reset(); // back to the pool
@@ -319,8 +358,11 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
         fence = fenceLocked(slot);
     }
     throttle(slot);
-    return ReadFuture([self, own, out, fence, size]() {
+    traced("read (async)");
+    return ReadFuture([self, own, out, fence, size, slot]() {
+        const TraceSpan waited;
         waitFence(self, fence);
+        traceReadWait(self, slot, waited, size);
         if (!own) return std::move(*out);
         const auto *bytes = static_cast<const std::byte *>(own->data());
         return std::vector<std::byte>(bytes, bytes + size);
@@ -368,6 +410,7 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
         return;
     }
     const uint32_t slot = slotOf(stream);
+    const TraceSpan span;
     {
         std::lock_guard lock(mutex_);
         submit(slot, slices,
@@ -377,6 +420,8 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
                data.block_);
     }
     throttle(slot);
+    if (span)
+        traceComplete(tracePid(), slot, "transfer", "write (pinned)", span.start, {{"bytes", size}});
 }
 
 void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t offset,
@@ -402,6 +447,7 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
         recordOp(*builder, std::move(op));
         return;
     }
+    const TraceSpan span;
     Fence fence;
     {
         std::lock_guard lock(mutex_);
@@ -414,6 +460,8 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
         waitFence(fence);
     else
         syncSlot(slot);
+    if (span)
+        traceComplete(tracePid(), slot, "transfer", "read (pinned)", span.start, {{"bytes", size}});
 }
 
 // ----- device-side ------------------------------------------------------------------------------
@@ -452,6 +500,7 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
         return;
     }
     const uint32_t slot = slotOf(stream);
+    const TraceSpan span;
     {
         std::lock_guard lock(mutex_);
         submit(slot, slices, [=](bp_stream *s) {
@@ -459,6 +508,7 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
         });
     }
     throttle(slot);
+    if (span) traceComplete(tracePid(), slot, "copy", "copy", span.start, {{"bytes", size}});
 }
 
 void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern, uint64_t offset,
@@ -515,6 +565,7 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
         return;
     }
     const uint32_t slot = slotOf(stream);
+    const TraceSpan span;
     if (words != 0) {
         std::lock_guard lock(mutex_);
         submit(slot, slices,
@@ -522,6 +573,9 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     }
     if (tail != 0) write(stream, buffer, offset - buffer.offset() + words, tailBytes.data(), tail);
     throttle(slot);
+    if (span)
+        traceComplete(tracePid(), slot, "fill", "fill", span.start,
+                      {{"bytes", size}, {"pattern", pattern}});
 }
 
 } // namespace backplane::detail

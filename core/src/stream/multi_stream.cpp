@@ -42,7 +42,8 @@ void GcThread::registerTask(Fence fence, std::vector<Hold> holds) {
     {
         std::lock_guard lock(mutex_);
         perSlot_[fence.slot % slots_].fetch_add(1, std::memory_order_relaxed);
-        tasks_.push_back({nextTicket_++, std::move(fence), std::move(holds)});
+        tasks_.push_back({nextTicket_++, std::move(fence), std::move(holds),
+                          tracing() ? TraceClock::now() : TraceClock::time_point{}});
     }
     wake_.notify_one();
 }
@@ -116,11 +117,24 @@ void GcThread::run() {
             if (onFailure_) onFailure_(why);
         }
         size_t releasedHolds = 0;
+        const TraceSpan span;
+        TraceClock::time_point oldest = span.start;
         for (Task &task : done) {
             releasedHolds += task.holds.size();
             perSlot_[task.fence.slot % slots_].fetch_sub(1, std::memory_order_relaxed);
+            if (task.registered != TraceClock::time_point{}) oldest = std::min(oldest, task.registered);
         }
+        const size_t fences = done.size();
         done.clear(); // drops the holds and the events outside the lock
+        if (span && fences != 0)
+            traceComplete(tracePid_.load(std::memory_order_relaxed), kTraceGcLane, "gc",
+                          "release holds", span.start,
+                          {{"holds", releasedHolds},
+                           {"fences", fences},
+                           {"held_us", static_cast<uint64_t>(
+                                           std::chrono::duration_cast<std::chrono::microseconds>(
+                                               span.start - oldest)
+                                               .count())}});
         if (releasedHolds == 0 && failed.empty() && !mine.empty()) {
             // Nothing complete: wait a little on the oldest, then look at all of them again.
             try {
@@ -250,6 +264,7 @@ Fence MultiStream::makeFence(uint32_t slotIndex) {
 
 void MultiStream::applyAnalysis(uint32_t slotIndex, const SharedBindingAnalysis &analysis) {
     if (analysis.empty()) return;
+    const TraceSpan span; // the origins' flushes and the device-side waits on them
     boost::container::small_vector<Fence, 4> fences;
     for (const auto &[origin, cursor] : analysis.origins) {
         ++alignmentEvents_;
@@ -265,6 +280,10 @@ void MultiStream::applyAnalysis(uint32_t slotIndex, const SharedBindingAnalysis 
                            std::to_string(fence.slot));
         backend_->waitEvent(current.stream, fence.event->get());
         ++streamWaits_;
+        if (span)
+            traceComplete(tracePid_, slotIndex, "wait",
+                          "wait for slot " + std::to_string(fence.slot), span.start,
+                          {{"origin_slot", fence.slot}, {"origin_cursor", fence.cursor}});
     }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "stream/hazards.hpp"
+#include "trace/trace_recorder.hpp"
 
 #include <boost/container/flat_map.hpp>
 
@@ -109,12 +110,15 @@ public:
     uint64_t released() const;
     /// Tasks waiting (for tests).
     size_t queued() const;
+    /// The device (process id) its releases are traced under.
+    void setTracePid(uint32_t pid) noexcept { tracePid_.store(pid, std::memory_order_relaxed); }
 
 private:
     struct Task {
         uint64_t ticket = 0;
         Fence fence;
         std::vector<Hold> holds;
+        TraceClock::time_point registered{}; ///< set only while a trace records
     };
     void run();
     bool handledBefore(uint64_t ticket) const;
@@ -133,6 +137,7 @@ private:
     std::vector<Hold> quarantined_; ///< holds of failed fences: kept until the thread stops
     bool stop_ = false;
     uint64_t released_ = 0;
+    std::atomic<uint32_t> tracePid_{0};
     std::thread thread_;
 };
 
@@ -238,6 +243,11 @@ public:
     size_t flushHolds();
 
     GcThread &gc() noexcept { return gc_; }
+    /// The device (process id) its waits and the GC's releases are traced under.
+    void setTracePid(uint32_t pid) noexcept {
+        tracePid_ = pid;
+        gc_.setTracePid(pid);
+    }
     uint64_t eventsCreated() const noexcept { return eventsCreated_; }
     uint64_t alignmentEvents() const noexcept { return alignmentEvents_; }
     uint64_t streamWaits() const noexcept { return streamWaits_; }
@@ -262,6 +272,7 @@ private:
     uint64_t eventsCreated_ = 0;
     uint64_t alignmentEvents_ = 0;
     uint64_t streamWaits_ = 0;
+    uint32_t tracePid_ = 0;
     GcThread gc_; // last: stopped first, before the slots' streams are destroyed
 };
 
