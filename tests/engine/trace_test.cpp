@@ -366,6 +366,11 @@ TEST_CASE("trace render refuses hostile and malformed files, naming the file and
     refused(R"({"traceEvents":[{"ph":"M","name":"thread_name"}]})",
             "/traceEvents/0/args: a \"thread_name\" event needs");
     refused(R"({"traceEvents":[{"ph":"X","ts":1e999,"dur":2}]})", "/traceEvents/0/ts");
+    // Finite times whose span or end overflows a double (review): refused, not an endless axis.
+    refused(R"({"traceEvents":[{"ph":"X","ts":-1e308,"dur":0},{"ph":"X","ts":1e308,"dur":0}]})",
+            "/traceEvents: the events span more than a double holds");
+    refused(R"({"traceEvents":[{"ph":"X","ts":1e308,"dur":1e308}]})",
+            "/traceEvents: the events span more than a double holds");
     refused(R"({"traceEvents":[)", "");
     const std::string missing = errorOf(scratch("missing.json"));
     CHECK(missing.find("missing.json") != std::string::npos);

@@ -219,3 +219,45 @@ TEST_CASE("a compile failure names the kernel and the generated line") {
         CHECK(message.find("generated cpp line 7 of kernel 'saxpy': " + line7) != std::string::npos);
     }
 }
+
+TEST_CASE("compiled kernels read zeros from memory not yet written, as the interpreter does") {
+    // Review finding: scratch that lives across a barrier (a private array used on both sides,
+    // a shared array read before it is written) held an earlier kernel's data.
+    const Runtime runtime(hostConfig());
+    ComputeClient client = runtime.open(runtime.select("host"));
+    if (client.device().kernelCompiler.empty() || !client.device().accepts(Dialect::Cpp)) {
+        MESSAGE("no C++ compiler here: " << client.device().kernelCompiler);
+        return;
+    }
+    const lang::Kernel dirty = lang::kernel("dirty_scratch", [](lang::Builder &k) {
+        auto out = k.output<int32_t>();
+        auto s = k.shared<int32_t>(4096);
+        auto arr = k.array<int32_t>(8);
+        auto l = k.localIndex();
+        for (uint32_t i = 0; i < 8; ++i) arr[i] = -12345;
+        k.For(l, 4096u, k.groupSize().x, [&](lang::Value<uint32_t> i) { s[i] = -999; });
+        k.barrier();
+        out[k.globalId().x] = s[l] + arr[3];
+    });
+    const lang::Kernel unwritten = lang::kernel("unwritten_scratch", [](lang::Builder &k) {
+        auto out = k.output<int32_t>();
+        auto arr = k.array<int32_t>(8);
+        auto s = k.shared<int32_t>(64);
+        auto l = k.localIndex();
+        arr[0] = lang::cast<int32_t>(l);
+        auto before = lang::Value<int32_t>(s[l]);
+        k.barrier();
+        s[l] = 7;
+        out[k.globalId().x] = arr[0] + arr[5] * 1000 + before * 1000000;
+    });
+    Dispatch d;
+    d.grid = {1};
+    d.block = {64};
+    Buffer o = client.empty(64 * 4);
+    d.bindings = {o};
+    client.execute(dirty, d);
+    client.execute(unwritten, d);
+    const std::vector<int32_t> got = client.readAs<int32_t>(o);
+    for (int32_t i = 0; i < 64; ++i) CHECK(got[size_t(i)] == i);
+    CHECK(unwritten.hostNote(client.device()).rfind("compiled", 0) == 0);
+}

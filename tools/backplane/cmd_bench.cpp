@@ -69,11 +69,13 @@ int usage(bool asked = false) {
 /// Whether a row meets its target ("<= 1.10x", ">= 0.80x": the ratio against it); nothing
 /// for a row without a target or without a raw figure.
 std::optional<bool> targetMet(const BenchRow &r) {
-    if (r.raw == 0 || r.target.size() < 4) return std::nullopt;
+    if (r.target.size() < 4) return std::nullopt;
     const std::string op = r.target.substr(0, 2);
-    if (op != "<=" && op != ">=") return std::nullopt;
     double bound = 0;
     if (std::sscanf(r.target.c_str() + 2, " %lf", &bound) != 1) return std::nullopt;
+    // "== N": a count the runtime itself must hit (no raw figure to divide by).
+    if (op == "==") return r.runtime == bound;
+    if (r.raw == 0 || (op != "<=" && op != ">=")) return std::nullopt;
     return op == "<=" ? r.ratio() <= bound : r.ratio() >= bound;
 }
 

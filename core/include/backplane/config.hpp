@@ -151,8 +151,10 @@ ConfigCheck checkConfigFile(const std::filesystem::path &file);
 
 /// A plugin's options (`plugins.options.<name>`, JSON text) against the schema the plugin
 /// publishes (PluginReport::optionsSchema, ABI 1.5): every problem, each "POINTER: what is
-/// wrong" with POINTER starting at `where` ("/plugins/options/host"). Empty when they conform
-/// or the plugin publishes no schema. Never throws.
+/// wrong" with POINTER starting at `where` ("/plugins/options/host"). Empty when they conform,
+/// or the plugin publishes no schema or a malformed one. Never throws. Strings are compared as
+/// JSON Schema says except that maxLength counts bytes, and integers are written without a
+/// fraction (2, not 2.0), as the in-tree plugins parse them.
 std::vector<std::string> checkPluginOptions(const std::string &schemaJson,
                                             const std::string &optionsJson,
                                             const std::string &where);

@@ -1073,7 +1073,9 @@ std::string HostGenerator::run() {
         line("}");
         line("if (scratch == nullptr) return; // out of memory: the workgroup is left undone");
         for (const auto &[declaration, name] : pointers) line(declaration);
-        if (dead) line("__builtin_memset(dead, 0, L);");
+        // Zeros, as the interpreter's scratch: shared arrays, private arrays and variables that
+        // live across barriers read 0 before they are written, never an earlier kernel's data.
+        line("__builtin_memset(scratch, 0, need);");
     }
     emitWorkgroup(0);
     indent_ = 0;

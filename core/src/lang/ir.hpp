@@ -4,6 +4,7 @@
 #include <backplane/lang.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -237,6 +238,12 @@ inline uint32_t dynamicSharedBytes(const Module &module) {
     const uint64_t bytes = sharedBytesOnGpu(module);
     return bytes > kStaticSharedBytes ? static_cast<uint32_t>(std::min<uint64_t>(bytes, UINT32_MAX)) : 0;
 }
+
+/// The dialect `device` runs `source` in: its first variant the device accepts.
+std::optional<Dialect> dialectOn(const KernelSource &source, const DeviceInfo &device);
+/// `dispatch` with the dynamic shared memory `module` needs in `dialect` added (CUDA and HIP
+/// past 48 KiB; kernel.cpp). Throws Error(InvalidArgument) when the sum overflows.
+Dispatch withDynamicShared(const Module &module, Dialect dialect, Dispatch dispatch);
 
 /// Generated sources (source_gen.cpp). `dialect` is Cuda, Hip or Glsl.
 std::string generateSource(const Module &module, Dialect dialect);

@@ -248,16 +248,34 @@ std::string annotateCompileError(const Module &module, Dialect dialect, const st
 
 namespace backplane {
 
+namespace lang::detail {
+
+std::optional<Dialect> dialectOn(const KernelSource &source, const DeviceInfo &device) {
+    for (const KernelVariant &v : source.variants)
+        if (device.accepts(v.dialect)) return v.dialect;
+    return std::nullopt;
+}
+
+Dispatch withDynamicShared(const Module &module, Dialect dialect, Dispatch dispatch) {
+    if (dialect != Dialect::Cuda && dialect != Dialect::Hip) return dispatch;
+    const uint32_t dynamic = dynamicSharedBytes(module);
+    if (dynamic == 0) return dispatch;
+    if (dispatch.sharedMemoryBytes > UINT32_MAX - dynamic)
+        throw Error(ErrorCode::InvalidArgument,
+                    "kernel '" + module.name + "': Dispatch::sharedMemoryBytes " +
+                        std::to_string(dispatch.sharedMemoryBytes) + " plus the " +
+                        std::to_string(dynamic) + " bytes of its shared arrays overflow 32 bits");
+    dispatch.sharedMemoryBytes += dynamic;
+    return dispatch;
+}
+
+} // namespace lang::detail
+
 void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch) {
     Dispatch prepared = kernel.prepare(dispatch);
     const lang::detail::Module &module = kernel.module();
     // The variant this device is given: the first one whose dialect it accepts.
-    std::optional<Dialect> dialect;
-    for (const KernelVariant &v : kernel.source().variants)
-        if (device().accepts(v.dialect)) {
-            dialect = v.dialect;
-            break;
-        }
+    const std::optional<Dialect> dialect = lang::detail::dialectOn(kernel.source(), device());
     // What the device cannot do is refused here, before any compile: never a driver error or a
     // silent wrong result (DeviceInfo::features, from the plugin).
     if (const std::string missing = kernel.missingOn(device().features); !missing.empty())
@@ -291,16 +309,7 @@ void ComputeClient::execute(const lang::Kernel &kernel, const Dispatch &dispatch
                         device().backend);
         // Past CUDA's static 48 KiB the generated source declares its arrays in dynamic shared
         // memory, which the launch must ask for.
-        if (*dialect != Dialect::Glsl)
-            if (const uint32_t dynamic = lang::detail::dynamicSharedBytes(module); dynamic != 0) {
-                if (prepared.sharedMemoryBytes > UINT32_MAX - dynamic)
-                    throw Error(ErrorCode::InvalidArgument,
-                                "kernel '" + module.name + "': Dispatch::sharedMemoryBytes " +
-                                    std::to_string(prepared.sharedMemoryBytes) + " plus the " +
-                                    std::to_string(dynamic) + " bytes of its shared arrays "
-                                    "overflow 32 bits");
-                prepared.sharedMemoryBytes += dynamic;
-            }
+        prepared = lang::detail::withDynamicShared(module, *dialect, std::move(prepared));
     }
     if (device().accepts(Dialect::Host) && !device().accepts(Dialect::Cuda) &&
         !device().accepts(Dialect::Hip) && !device().accepts(Dialect::Glsl)) {

@@ -938,7 +938,7 @@ private:
         line("{");
         ++depth_;
         if (glsl_ || hip_ || !raw || (bytes != 4 && bytes != 8 && bytes != 16) ||
-            constantOutside(Space::Shared, s.target, s.index)) {
+            !vectorizable(Space::Shared, s.target, s.index, width)) {
             block(s.body);
             --depth_;
             line("}");

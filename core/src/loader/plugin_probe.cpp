@@ -142,6 +142,7 @@ Json deviceJson(const DeviceInfo &d) {
             {"dialects", d.dialects},
             {"capabilities", d.capabilities},
             {"collectives", d.collectives},
+            {"kernel_compiler", d.kernelCompiler},
             {"kernel_features", featuresJson(d.features)}};
 }
 
@@ -254,6 +255,7 @@ DeviceInfo deviceFromJson(const Json &j, const std::string &backend, const std::
     d.dialects = static_cast<uint32_t>(r.number("dialects"));
     d.capabilities = static_cast<uint32_t>(r.number("capabilities"));
     if (j.contains("collectives")) d.collectives = r.text("collectives"); // since ABI 1.1
+    if (j.contains("kernel_compiler")) d.kernelCompiler = r.text("kernel_compiler"); // since 1.5
     // An answer of a backplane-probe older than ABI 1.4 has none: what 1.3 kernels had.
     d.features = j.contains("kernel_features")
                      ? featuresFromJson(r.at("kernel_features"), pointer + "/kernel_features")

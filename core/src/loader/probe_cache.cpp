@@ -51,7 +51,9 @@ std::string driverEnvironment() {
                                                 "VK_", "MESA_", "LP_", "GALLIUM_", "NVIDIA_",
                                                 "__NV", "ZE_", "LD_LIBRARY_PATH=", "LD_PRELOAD=",
                                                 // the plugins' own pointers at a vendor library
-                                                "BACKPLANE_GLOO_MODULE=", "BACKPLANE_NCCL_LIBRARY="};
+                                                "BACKPLANE_GLOO_MODULE=", "BACKPLANE_NCCL_LIBRARY=",
+                                                // the host plugin's C++ compiler (found on PATH)
+                                                "BACKPLANE_HOST_CXX=", "PATH="};
     std::vector<std::string> relevant;
     for (char **e = environ; e != nullptr && *e != nullptr; ++e) {
         const std::string_view entry = *e;
@@ -74,8 +76,8 @@ std::optional<std::string> probeCacheKey(const fs::path &library,
     struct stat st {};
     if (ec || ::stat(canonical.c_str(), &st) != 0) return std::nullopt;
     const uint64_t optionsHash = fnv1a64(options.optionsJson, fnv1a64(options.cacheDir));
-    // v4: answers carry the devices' kernel_features (ABI 1.4); older records lack them.
-    return "probe v4\n" + canonical.string() + "\n" + fileIdentity(st) + "\noptions " +
+    // v5: answers carry the options schema and the devices' kernel_compiler (ABI 1.5).
+    return "probe v5\n" + canonical.string() + "\n" + fileIdentity(st) + "\noptions " +
            std::to_string(optionsHash) + "\nenvironment " +
            std::to_string(fnv1a64(driverEnvironment()));
 }

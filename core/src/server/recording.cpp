@@ -3,6 +3,7 @@
 #include "server/recording.hpp"
 
 #include "server/compute_server.hpp"
+#include "lang/ir.hpp"
 
 #include <backplane/lang.hpp>
 #include <backplane/log.hpp>
@@ -417,8 +418,11 @@ void Recording::update(size_t launch, const Dispatch &dispatch) {
 
 void Recording::update(size_t launch, const lang::Kernel &kernel, const Dispatch &dispatch) {
     detail::RecordingState &state = stateOf(state_, "update");
-    state.server->updateRecording(state, launch, kernel.prepare(dispatch),
-                                  &kernel.source().name);
+    // As ComputeClient::execute prepares it: the kernel's dynamic shared memory included.
+    Dispatch prepared = kernel.prepare(dispatch);
+    if (const auto dialect = lang::detail::dialectOn(kernel.source(), state.server->info()))
+        prepared = lang::detail::withDynamicShared(kernel.module(), *dialect, std::move(prepared));
+    state.server->updateRecording(state, launch, prepared, &kernel.source().name);
 }
 
 } // namespace backplane

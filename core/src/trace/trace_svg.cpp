@@ -199,6 +199,11 @@ std::string renderTraceSvg(const std::filesystem::path &traceFile) {
             end = any ? std::max(end, b.ts + b.dur) : b.ts + b.dur;
             any = true;
         }
+    // Finite times whose sum or span is not (1e308 + 1e308) would make an infinite axis.
+    if (any && !(std::isfinite(end) && std::isfinite(end - begin)))
+        throw Error(ErrorCode::InvalidArgument,
+                    traceFile.string() + ": /traceEvents: the events span more than a double "
+                                         "holds (ts + dur overflows); not a trace this can draw");
     const double span = std::max(end - begin, 1.0);
     const double scale = kWidth / span;
     const double height = kTop + kLaneHeight * static_cast<double>(std::max<size_t>(lanes.size(), 1)) + 30;
