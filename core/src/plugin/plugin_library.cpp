@@ -197,7 +197,7 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &
         throw PluginLoadError(LoadFailure::InvalidTable,
                               file + ": the entry symbol returned no usable function table");
     // struct_size and the ABI version lead every table; the rest is laid out by ABI major.
-    TableIdentity identity{api->abi_major, api->abi_minor, {}};
+    TableIdentity identity{api->abi_major, api->abi_minor, {}, {}};
     if (api->abi_major != BP_ABI_VERSION_MAJOR)
         throw PluginLoadError(
             LoadFailure::AbiMismatch,
