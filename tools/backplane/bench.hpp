@@ -52,6 +52,21 @@ void benchTransfers(const BenchOptions &options, BenchRows &rows);
 /// its pipeline cache directory), for a raw side that runs like the runtime (bench_engine.cpp).
 RawPlugin openRawPlugin(const Runtime &runtime, const DeviceInfo &info);
 
+// A probe in a fresh process (cmd_bench.cpp) ------------------------------------------------------
+
+/// What a child run by runBenchChild wrote, or why there is nothing.
+struct ChildAnswer {
+    std::string text;  ///< everything the child wrote to its answer pipe
+    std::string why;   ///< "" when the child ran; else why it could not be started
+    int exitStatus = -1;
+};
+/// Runs this binary again as `backplane bench SUITE` (stdout to /dev/null) with `variables`
+/// ("NAME=value") added to the environment, entries starting with `dropPrefix` removed, and
+/// `fdVariable` naming the write end of a pipe; returns what the child wrote there. For rows
+/// that need a new process (a kernel loaded from the disk cache without compiling).
+ChildAnswer runBenchChild(const std::string &suite, const std::string &fdVariable,
+                          std::vector<std::string> variables, const std::string &dropPrefix);
+
 // Transfer rows, shared by the engine and cuda suites (bench_transfers.cpp) ----------------------
 
 /// The sizes every transfer row is measured at: 4 KiB, 64 KiB, 1 MiB and 256 MiB (16 MiB with

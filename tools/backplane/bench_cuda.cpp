@@ -320,59 +320,24 @@ struct ProbeResult {
 /// Re-executes this binary as `backplane bench cuda` in probe mode and reads its answer.
 ProbeResult spawnCacheProbe(const fs::path &cacheDir, const std::string &device) {
     ProbeResult result;
-    int pipeFds[2];
-    if (::pipe2(pipeFds, O_CLOEXEC) != 0) {
-        result.why = "pipe failed";
+    const ChildAnswer child = runBenchChild(
+        "cuda", kProbeFdVariable,
+        {std::string(kProbeCacheVariable) + "=" + cacheDir.string(),
+         std::string(kProbeDeviceVariable) + "=" + device},
+        "BACKPLANE_BENCH_CUDA_PROBE_");
+    if (!child.why.empty()) {
+        result.why = child.why;
         return result;
     }
-    // The write end must survive exec: dup it without O_CLOEXEC.
-    const int childFd = ::dup(pipeFds[1]);
-    ::close(pipeFds[1]);
-    std::vector<std::string> variables{std::string(kProbeFdVariable) + "=" +
-                                           std::to_string(childFd),
-                                       std::string(kProbeCacheVariable) + "=" + cacheDir.string(),
-                                       std::string(kProbeDeviceVariable) + "=" + device};
-    std::vector<char *> envp;
-    for (auto &v : variables)
-        envp.push_back(v.data());
-    for (char **e = environ; *e != nullptr; ++e) {
-        const std::string entry = *e;
-        if (entry.rfind("BACKPLANE_BENCH_CUDA_PROBE_", 0) != 0) envp.push_back(*e);
-    }
-    envp.push_back(nullptr);
-    std::string arg0 = "backplane", arg1 = "bench", arg2 = "cuda";
-    char *argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    pid_t pid = 0;
-    const int spawned = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(childFd);
-    if (spawned != 0) {
-        ::close(pipeFds[0]);
-        result.why = std::string("posix_spawn of /proc/self/exe failed: ") + std::strerror(spawned);
-        return result;
-    }
-    std::string answer;
-    char buffer[256];
-    for (ssize_t n; (n = ::read(pipeFds[0], buffer, sizeof buffer)) != 0;) {
-        if (n < 0) break;
-        answer.append(buffer, static_cast<size_t>(n));
-    }
-    ::close(pipeFds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (std::sscanf(answer.c_str(), "%lf %llu %llu", &result.seconds, &result.compiled,
+    if (std::sscanf(child.text.c_str(), "%lf %llu %llu", &result.seconds, &result.compiled,
                     &result.diskHits) == 3) {
         result.ok = true;
     } else {
         result.why = "the probe child (`backplane bench cuda`) gave no answer, exit status " +
-                     std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+                     std::to_string(child.exitStatus);
     }
     return result;
 }
-
 
 // ------------------------------------------------------------------------------------------------
 // The suite

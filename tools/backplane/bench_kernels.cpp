@@ -356,38 +356,11 @@ double medianOf(std::vector<double> v) {
 /// Re-runs this binary as `backplane bench kernels` in probe mode; "" or why it failed.
 std::string spawnHostCacheProbe(const std::string &cacheDir, double &ms, unsigned long long &compiled,
                                 unsigned long long &diskHits) {
-    int pipeFds[2];
-    if (::pipe2(pipeFds, O_CLOEXEC) != 0) return "pipe failed";
-    const int childFd = ::dup(pipeFds[1]); // survives exec
-    ::close(pipeFds[1]);
-    std::vector<std::string> variables{std::string(kHostProbeFdVariable) + "=" + std::to_string(childFd),
-                                       std::string(kHostProbeCacheVariable) + "=" + cacheDir};
-    std::vector<char *> envp;
-    for (auto &v : variables) envp.push_back(v.data());
-    for (char **e = environ; *e != nullptr; ++e)
-        if (std::string(*e).rfind("BACKPLANE_BENCH_HOST_PROBE_", 0) != 0) envp.push_back(*e);
-    envp.push_back(nullptr);
-    std::string arg0 = "backplane", arg1 = "bench", arg2 = "kernels";
-    char *argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    pid_t pid = 0;
-    const int spawned = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(childFd);
-    if (spawned != 0) {
-        ::close(pipeFds[0]);
-        return std::string("posix_spawn failed: ") + std::strerror(spawned);
-    }
-    std::string answer;
-    char buffer[256];
-    for (ssize_t n; (n = ::read(pipeFds[0], buffer, sizeof buffer)) > 0;)
-        answer.append(buffer, static_cast<size_t>(n));
-    ::close(pipeFds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (std::sscanf(answer.c_str(), "%lf %llu %llu", &ms, &compiled, &diskHits) != 3)
+    const ChildAnswer child =
+        runBenchChild("kernels", kHostProbeFdVariable,
+                      {std::string(kHostProbeCacheVariable) + "=" + cacheDir}, "BACKPLANE_BENCH_HOST_PROBE_");
+    if (!child.why.empty()) return child.why;
+    if (std::sscanf(child.text.c_str(), "%lf %llu %llu", &ms, &compiled, &diskHits) != 3)
         return "the probe child gave no answer";
     return "";
 }

@@ -7,15 +7,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+extern char **environ;
 
 namespace backplane::tool {
 namespace {
@@ -108,6 +116,49 @@ void printTable(const BenchRows &rows) {
 }
 
 } // namespace
+
+ChildAnswer runBenchChild(const std::string &suite, const std::string &fdVariable,
+                          std::vector<std::string> variables, const std::string &dropPrefix) {
+    ChildAnswer answer;
+    int pipeFds[2];
+    if (::pipe2(pipeFds, O_CLOEXEC) != 0) {
+        answer.why = std::string("pipe failed: ") + std::strerror(errno);
+        return answer;
+    }
+    // The write end must survive exec: dup it without O_CLOEXEC.
+    const int childFd = ::dup(pipeFds[1]);
+    ::close(pipeFds[1]);
+    variables.push_back(fdVariable + "=" + std::to_string(childFd));
+    std::vector<char *> envp;
+    for (std::string &v : variables) envp.push_back(v.data());
+    for (char **e = environ; *e != nullptr; ++e)
+        if (std::string_view(*e).rfind(dropPrefix, 0) != 0) envp.push_back(*e);
+    envp.push_back(nullptr);
+    std::string arg0 = "backplane", arg1 = "bench", arg2 = suite;
+    char *argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    pid_t pid = 0;
+    const int spawned = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(childFd);
+    if (spawned != 0) {
+        ::close(pipeFds[0]);
+        answer.why = std::string("posix_spawn of /proc/self/exe failed: ") + std::strerror(spawned);
+        return answer;
+    }
+    char buffer[256];
+    for (ssize_t n; (n = ::read(pipeFds[0], buffer, sizeof buffer)) != 0;) {
+        if (n < 0) break;
+        answer.text.append(buffer, static_cast<size_t>(n));
+    }
+    ::close(pipeFds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    answer.exitStatus = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return answer;
+}
 
 /// runBench without --trace.
 static int runBenchUntraced(const Args &args) {
