@@ -371,7 +371,10 @@ std::shared_ptr<LoadedObject> HostCompiler::load(const std::string &entry, const
     bp_host_kernel_fn fn = nullptr;
     static_assert(sizeof fn == sizeof symbol);
     std::memcpy(&fn, &symbol, sizeof fn);
-    return std::make_shared<LoadedObject>(handle, fn);
+    bp_host_kernel_runs_fn runs = nullptr; // optional: absent from older or hand-written sources
+    if (void *runsSymbol = ::dlsym(handle, (entry + BP_CPP_RUNS_SUFFIX).c_str()))
+        std::memcpy(&runs, &runsSymbol, sizeof runs);
+    return std::make_shared<LoadedObject>(handle, fn, runs);
 }
 
 } // namespace backplane::host

@@ -19,15 +19,19 @@ namespace backplane::host {
 /// kernel, and every launch recorded with it) lets go.
 class LoadedObject {
 public:
-    LoadedObject(void *handle, bp_host_kernel_fn function) : handle_(handle), entry_(function) {}
+    LoadedObject(void *handle, bp_host_kernel_fn function, bp_host_kernel_runs_fn runs = nullptr)
+        : handle_(handle), entry_(function), runs_(runs) {}
     ~LoadedObject();
     LoadedObject(const LoadedObject &) = delete;
     LoadedObject &operator=(const LoadedObject &) = delete;
     bp_host_kernel_fn entry() const noexcept { return entry_; }
+    /// The entry that runs several workgroups along x per call (BP_CPP_RUNS_SUFFIX), or NULL.
+    bp_host_kernel_runs_fn runs() const noexcept { return runs_; }
 
 private:
     void *handle_;
     bp_host_kernel_fn entry_;
+    bp_host_kernel_runs_fn runs_;
 };
 
 /// The compiler of one plugin instance. Thread-safe; compiles run in the calling thread (the

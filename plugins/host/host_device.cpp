@@ -123,15 +123,23 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
     void *const *buffers = launch.buffers();
     const uint64_t *bufferSizes = launch.bufferSizes();
     const unsigned char *scalars = launch.scalars();
-    const uint64_t perSlice = uint64_t{grid[0]} * grid[1];
+    // A compiled kernel with a runs entry computes `run` neighbouring workgroups along x per
+    // call: enough calls for about sixteen claims per worker, at most 64 workgroups each.
+    const bp_host_kernel_runs_fn runs = launch.code ? launch.code->runs() : nullptr;
+    const uint32_t run =
+        runs == nullptr ? 1
+                        : std::clamp<uint32_t>(grid[0] / (pool.workers() * 16u), 1u, 64u);
+    const uint64_t runsPerRow = (uint64_t{grid[0]} + run - 1) / run;
+    const uint64_t perSlice = runsPerRow * grid[1];
     const uint64_t count = perSlice * grid[2];
     pool.run(count, [&](uint64_t i) {
         bp_host_kernel_context context{};
         context.struct_size = sizeof(context);
         std::copy(std::begin(grid), std::end(grid), context.grid);
         std::copy(std::begin(launch.block), std::end(launch.block), context.block);
-        context.workgroup[0] = static_cast<uint32_t>(i % grid[0]);
-        context.workgroup[1] = static_cast<uint32_t>((i / grid[0]) % grid[1]);
+        const uint64_t x = (i % runsPerRow) * run;
+        context.workgroup[0] = static_cast<uint32_t>(x);
+        context.workgroup[1] = static_cast<uint32_t>((i / runsPerRow) % grid[1]);
         context.workgroup[2] = static_cast<uint32_t>(i / perSlice);
         context.buffers = buffers;
         context.buffer_sizes = bufferSizes;
@@ -139,7 +147,8 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
         context.scalars = scalars;
         context.scalar_size = launch.scalarSize;
         context.user_data = launch.userData;
-        launch.function(&context);
+        if (run == 1) launch.function(&context);
+        else runs(&context, static_cast<uint32_t>(std::min<uint64_t>(run, grid[0] - x)));
     });
 }
 

@@ -5,19 +5,30 @@
 
 namespace backplane::host {
 
-// One run() call. Threads claim indices with `next` until it passes `count`; `done` counts the
-// finished calls, and the caller sleeps on `finished` until it reaches `count`.
+// One run() call. Threads claim runs of indices with `next` until it passes `count` (guided
+// scheduling: a claim takes the unclaimed count over 4 x workers, at least one, so a launch of
+// many small workgroups costs a few claims per thread instead of one atomic round trip per
+// workgroup, and the last claims are small enough to balance); `done` counts the finished
+// indices, and the caller sleeps on `finished` until it reaches `count`. The two counters sit on
+// their own cache lines: every claim would otherwise also move the line the finishers write.
 struct WorkgroupPool::Job {
-    Job(uint64_t n, const std::function<void(uint64_t)> &f) : count(n), body(&f) {}
+    Job(uint64_t n, uint32_t workers, const std::function<void(uint64_t)> &f)
+        : count(n), divisor(uint64_t{workers} * 4), body(&f) {}
 
     void work() {
-        for (uint64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;
-             i = next.fetch_add(1, std::memory_order_relaxed)) {
-            (*body)(i);
-            if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == count) {
+        uint64_t first = next.load(std::memory_order_relaxed);
+        while (first < count) {
+            const uint64_t take = std::max<uint64_t>(1, (count - first) / divisor);
+            if (!next.compare_exchange_weak(first, first + take, std::memory_order_relaxed))
+                continue; // `first` now holds the current value
+            const uint64_t end = std::min(count, first + take);
+            for (uint64_t i = first; i < end; ++i)
+                (*body)(i);
+            if (done.fetch_add(end - first, std::memory_order_acq_rel) + (end - first) == count) {
                 std::lock_guard lock(mutex); // no lost wake-up between the caller's check and wait
                 finished.notify_all();
             }
+            first = next.load(std::memory_order_relaxed);
         }
     }
 
@@ -27,10 +38,11 @@ struct WorkgroupPool::Job {
     }
 
     const uint64_t count;
+    const uint64_t divisor;
     const std::function<void(uint64_t)> *body; ///< valid until waitFinished() returned
-    std::atomic<uint64_t> next{0};
-    std::atomic<uint64_t> done{0};
-    std::mutex mutex;
+    alignas(64) std::atomic<uint64_t> next{0};
+    alignas(64) std::atomic<uint64_t> done{0};
+    alignas(64) std::mutex mutex;
     std::condition_variable finished;
 };
 
@@ -56,7 +68,7 @@ void WorkgroupPool::run(uint64_t count, const std::function<void(uint64_t)> &bod
             body(i);
         return;
     }
-    auto job = std::make_shared<Job>(count, body);
+    auto job = std::make_shared<Job>(count, workers(), body);
     {
         std::lock_guard lock(mutex_);
         jobs_.push_back(job);

@@ -261,3 +261,51 @@ TEST_CASE("compiled kernels read zeros from memory not yet written, as the inter
     for (int32_t i = 0; i < 64; ++i) CHECK(got[size_t(i)] == i);
     CHECK(unwritten.hostNote(client.device()).rfind("compiled", 0) == 0);
 }
+
+TEST_CASE("runs of workgroups: every workgroup of a large grid computes once, from zeroed scratch") {
+    // The host plugin calls a compiled kernel's runs entry for up to 64 neighbouring workgroups
+    // along x (plugins/host/host_device.cpp); each must see its own ids and zeroed scratch, and
+    // the last run of a row stops at the grid's edge. Grid x = 1000 (not a multiple of the run
+    // length), three rows and two slices; shared memory read before it is written and a private
+    // array that lives across the barrier.
+    const Runtime runtime(hostConfig(R"({"workers": 2})"));
+    ComputeClient client = runtime.open(runtime.select("host"));
+    if (client.device().kernelCompiler.empty() || !client.device().accepts(Dialect::Cpp)) {
+        MESSAGE("no C++ compiler here: " << client.device().kernelCompiler);
+        return;
+    }
+    const lang::Kernel ids = lang::kernel("workgroup_runs", [](lang::Builder &k) {
+        auto out = k.inout<uint32_t>();
+        auto s = k.shared<uint32_t>(4);
+        auto arr = k.array<uint32_t>(2);
+        auto l = k.localIndex();
+        auto before = lang::Value<uint32_t>(s[l]) + arr[1];
+        arr[1] = 5u;
+        k.barrier();
+        s[l] = 77u;
+        auto g = k.groupId();
+        auto at = ((g.z * k.gridSize().y + g.y) * k.gridSize().x + g.x) * 4u + l;
+        // Adds, so a workgroup computed twice shows; `before` is 0 unless scratch leaked.
+        out[at] = out[at] + (g.x * 8u + g.y * 2u + g.z) * 10u + 1u + before * 100000u;
+    });
+    Dispatch d;
+    d.grid = {1000, 3, 2};
+    d.block = {4};
+    const uint32_t n = 1000 * 3 * 2 * 4;
+    Buffer o = client.createFrom<uint32_t>(std::vector<uint32_t>(n, 0));
+    d.bindings = {o};
+    client.execute(ids, d);
+    const std::vector<uint32_t> got = client.readAs<uint32_t>(o);
+    size_t wrong = 0;
+    for (uint32_t z = 0; z < 2; ++z)
+        for (uint32_t y = 0; y < 3; ++y)
+            for (uint32_t x = 0; x < 1000; ++x)
+                for (uint32_t l = 0; l < 4; ++l) {
+                    const uint32_t at = ((z * 3 + y) * 1000 + x) * 4 + l;
+                    if (got[at] != (x * 8 + y * 2 + z) * 10 + 1 && wrong++ < 5)
+                        MESSAGE("workgroup (" << x << ", " << y << ", " << z << ") lane " << l
+                                              << ": " << got[at]);
+                }
+    CHECK(wrong == 0);
+    CHECK(ids.hostNote(client.device()).rfind("compiled", 0) == 0);
+}

@@ -23,7 +23,8 @@ constexpr const char *kUsage =
     "  names:   saxpy, reduce_sum_<i32|u32|f32>_<block>, inclusive_scan_<i32|u32|f32>_<block>\n"
     "           (block a power of two up to 1024), matmul_t<tile>_w<perThread>_k<depth>,\n"
     "           row_sum_<f16|bf16|f32>_<block>, softmax_rows_<f16|bf16|f32>_<block>,\n"
-    "           matmul_mu_<f16|bf16|f32>_<M>x<N>x<K>_w<warpsM>x<warpsN>_v<vector>_s<stages>[a]\n";
+    "           matmul_mu_<f16|bf16|f32>_<M>x<N>x<K>_w<warpsM>x<warpsN>_v<vector>_s<stages>[a],\n"
+    "           matmul_regs_r<rows>_v<vectors>_b<threadsX>x<threadsY>\n";
 
 int usage() { return printUsage(kUsage, false); }
 
@@ -49,6 +50,7 @@ std::vector<std::string> libraryNames() {
         names.push_back(tiles.name());
     for (const lang::Type type : {lang::Type::F16, lang::Type::BF16, lang::Type::F32})
         names.push_back(kernels::MatrixMatmulTiles{}.name(type));
+    names.push_back(kernels::RegisterTiles{}.name());
     for (const char *type : {"f16", "bf16", "f32"}) {
         names.push_back(std::string("row_sum_") + type + "_256");
         names.push_back(std::string("softmax_rows_") + type + "_256");
@@ -115,6 +117,19 @@ std::optional<lang::Kernel> kernelNamed(const std::string &name, std::string &wh
             return std::nullopt;
         }
     }
+    static const std::regex registersName(
+        R"(matmul_regs_r([0-9]{1,2})_v([0-9]{1,2})_b([0-9]{1,4})x([0-9]{1,4}))");
+    if (std::regex_match(name, m, registersName)) {
+        kernels::RegisterTiles tiles;
+        const auto at = [&](size_t i) { return static_cast<uint32_t>(std::stoul(m[i])); };
+        tiles.rows = at(1), tiles.vectors = at(2), tiles.threadsX = at(3), tiles.threadsY = at(4);
+        if (tiles.rows == 0 || tiles.vectors == 0 || tiles.rows > 16 || tiles.vectors > 16 ||
+            tiles.threadsX == 0 || tiles.threadsY == 0 || tiles.threadsX * tiles.threadsY > 1024) {
+            why = "rows and vectors must be 1 to 16, threadsX * threadsY 1 to 1024";
+            return std::nullopt;
+        }
+        return kernels::matmulRegisters(tiles);
+    }
     if (std::regex_match(name, m, typedName)) {
         const uint32_t block = static_cast<uint32_t>(std::stoul(m[3]));
         if (block == 0 || block > 1024 || (block & (block - 1)) != 0) {
@@ -176,7 +191,8 @@ int list() {
     }
     std::printf("\nOther sizes: reduce_sum_<type>_<block>, inclusive_scan_<type>_<block>, "
                 "matmul_t<tile>_w<perThread>_k<depth>, row_sum_<type>_<block>,\n"
-                "softmax_rows_<type>_<block>, matmul_mu_<type>_<M>x<N>x<K>_w<wM>x<wN>_v<vector>_s<stages>[a].\n"
+                "softmax_rows_<type>_<block>, matmul_mu_<type>_<M>x<N>x<K>_w<wM>x<wN>_v<vector>_s<stages>[a],\n"
+                "matmul_regs_r<rows>_v<vectors>_b<threadsX>x<threadsY>.\n"
                 "Sources: backplane kernels dump [--dialect cuda|hip|glsl|host|cpp|all] NAME...\n");
     return 0;
 }

@@ -2,6 +2,7 @@
 // compiler. A workgroup's lanes become loops split at barriers (PoCL's work-item loops).
 #include "lang/ir.hpp"
 
+#include "backplane/abi/plugin.h"
 #include "comm/host_reduce.hpp"
 
 #include <bit>
@@ -277,6 +278,10 @@ private:
         regionReturns_.push_back(false);
         return static_cast<uint32_t>(regionInLoop_.size() - 1);
     }
+    /// Integer arithmetic on ids, scalars and constants only (an index computation): cheaper to
+    /// compute again in a later region than to keep per lane, and, recomputed, the compiler sees
+    /// what is uniform across lanes (a row offset) and what is contiguous (a column).
+    bool recomputed(uint32_t n, int depth = 8) const;
     bool spilledNode(uint32_t n) const {
         for (uint32_t r : useRegions_[n])
             if (r != defRegion_[n]) return true;
@@ -338,6 +343,32 @@ bool HostGenerator::hasBarrier(uint32_t block) {
     return found;
 }
 
+bool HostGenerator::recomputed(uint32_t node, int depth) const {
+    if (node == kNone || node >= m_.nodes.size() || depth <= 0) return false;
+    const Node &n = m_.nodes[node];
+    switch (n.type) {
+    case Type::Bool:
+    case Type::I32:
+    case Type::U32: break;
+    default: return false;
+    }
+    switch (n.op) {
+    case Op::Constant:
+    case Op::Builtin:
+    case Op::Scalar:
+    case Op::Length: return true;
+    case Op::Neg: case Op::Not: case Op::BitNot: case Op::Add: case Op::Sub: case Op::Mul:
+    case Op::Div: case Op::Rem: case Op::Min: case Op::Max: case Op::And: case Op::Or:
+    case Op::Xor: case Op::Shl: case Op::Shr: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le:
+    case Op::Gt: case Op::Ge: case Op::Select: break;
+    default: return false; // loads, loop indices, casts, float and cross-lane operations
+    }
+    if (defRegion_[node] == kNone) return false; // not (yet) defined by a Let: printed as is
+    for (uint32_t o : {n.a, n.b, n.c})
+        if (o != kNone && !recomputed(o, depth - 1)) return false;
+    return true;
+}
+
 void HostGenerator::use(uint32_t node, uint32_t region) {
     if (node == kNone || node >= m_.nodes.size())
         unsupported("a statement without its operand (a malformed module)");
@@ -352,6 +383,12 @@ void HostGenerator::use(uint32_t node, uint32_t region) {
         return;
     }
     if (n.op == Op::LoopIndex) return; // in C++ scope wherever the IR may use it
+    if (region != kWorkgroupLevel && defRegion_[node] != kNone && defRegion_[node] != region &&
+        recomputed(node)) {
+        for (uint32_t o : {n.a, n.b, n.c})
+            if (o != kNone) use(o, region);
+        return; // value() prints the computation again
+    }
     useRegions_[node].insert(region);
 }
 
@@ -514,6 +551,8 @@ std::string HostGenerator::value(uint32_t node, uint32_t region) const {
     }
     const std::string name = "v" + std::to_string(node);
     if (region == defRegion_[node]) return name;
+    if (region != kWorkgroupLevel && recomputed(node))
+        return "((" + std::string(valueType(n.type)) + ")" + rhs(node, region) + ")";
     return name + (region == kWorkgroupLevel ? "_s[first]" : "_s[l]");
 }
 
@@ -985,9 +1024,12 @@ std::string HostGenerator::run() {
     for (uint32_t n = 0; n < m_.nodes.size(); ++n)
         if (defRegion_[n] != kNone && spilledNode(n)) valueType(m_.nodes[n].type);
 
+    // One function runs `runs` workgroups along x from ctx->workgroup[0], the prologue (sizes,
+    // bindings, scalars, scratch) once; the two exported entries call it with 1 (the contract of
+    // every host kernel) and with a count (for the host plugin, which launches runs of
+    // workgroups so that small workgroups do not each pay a call and this prologue).
     out_ << kPrelude;
-    out_ << "extern \"C\" __attribute__((visibility(\"default\"))) void " << hostEntryPoint(m_)
-         << "(const bp_ctx *ctx) {\n";
+    out_ << "static inline __attribute__((always_inline)) void bp_run(const bp_ctx *ctx, u32 runs) {\n";
     indent_ = 1;
     line("if (ctx == nullptr || ctx->struct_size < __builtin_offsetof(bp_ctx, scalar_size) + "
          "sizeof(usize)) return;");
@@ -996,17 +1038,16 @@ std::string HostGenerator::run() {
     line("if (lanes == 0 || lanes > " + std::to_string(kInterpreterMaxLanes) + "u) return;");
     line("const u32 L = (u32)lanes;");
     line("(void)L;");
-    line("u32 first = 0;");
-    line("(void)first;");
-    for (int d = 0; d < 3; ++d) {
+    line("const u32 gsz0 = ctx->grid[0];");
+    line("(void)gsz0;");
+    line("if (runs == 0 || runs > gsz0 - (gsz0 < ctx->workgroup[0] ? gsz0 : ctx->workgroup[0])) "
+         "runs = 1; // past the grid: the one workgroup asked for, as the single entry does");
+    for (int d = 1; d < 3; ++d) {
         const std::string a = std::to_string(d);
         line("const u32 gid" + a + " = ctx->workgroup[" + a + "], gsz" + a + " = ctx->grid[" + a +
              "], gbase" + a + " = gid" + a + " * bsz" + a + ";");
         line("(void)gid" + a + "; (void)gsz" + a + "; (void)gbase" + a + ";");
     }
-    line("const bool xFits = (u64)gbase0 + bsz0 <= 0xffffffffull;");
-    line("const u32 gend0 = gbase0 + bsz0;");
-    line("(void)xFits; (void)gend0;");
     for (uint32_t b = 0; b < m_.bindings.size(); ++b) {
         const std::string t = std::to_string(b);
         const Type type = m_.bindings[b].type;
@@ -1073,13 +1114,31 @@ std::string HostGenerator::run() {
         line("}");
         line("if (scratch == nullptr) return; // out of memory: the workgroup is left undone");
         for (const auto &[declaration, name] : pointers) line(declaration);
+    }
+    line("auto workgroup = [&](const u32 gid0) __attribute__((always_inline)) {");
+    ++indent_;
+    line("const u32 gbase0 = gid0 * bsz0;");
+    line("(void)gbase0;");
+    line("const bool xFits = (u64)gbase0 + bsz0 <= 0xffffffffull;");
+    line("const u32 gend0 = gbase0 + bsz0;");
+    line("(void)xFits; (void)gend0;");
+    line("u32 first = 0;");
+    line("(void)first;");
+    if (!pointers.empty()) {
         // Zeros, as the interpreter's scratch: shared arrays, private arrays and variables that
-        // live across barriers read 0 before they are written, never an earlier kernel's data.
+        // live across barriers read 0 before they are written, never an earlier workgroup's data.
         line("__builtin_memset(scratch, 0, need);");
     }
     emitWorkgroup(0);
+    --indent_;
+    line("};");
+    line("for (u32 r = 0; r < runs; ++r) workgroup(ctx->workgroup[0] + r);");
     indent_ = 0;
     line("}");
+    out_ << "extern \"C\" __attribute__((visibility(\"default\"))) void " << hostEntryPoint(m_)
+         << "(const bp_ctx *ctx) { bp_run(ctx, 1); }\n";
+    out_ << "extern \"C\" __attribute__((visibility(\"default\"))) void " << hostEntryPoint(m_)
+         << BP_CPP_RUNS_SUFFIX << "(const bp_ctx *ctx, u32 runs) { bp_run(ctx, runs); }\n";
     return out_.str();
 }
 

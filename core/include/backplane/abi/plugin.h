@@ -167,7 +167,11 @@ typedef enum bp_dialect {
     /// system's compiler): it defines `extern "C" void ENTRY(const bp_host_kernel_context *)`,
     /// called once per workgroup like a BP_DIALECT_HOST function, with user_data NULL. The
     /// source declares what it uses itself (no include path is given). The blob is a shared
-    /// object, portable to another process of the same compiler and CPU.
+    /// object, portable to another process of the same compiler and CPU. Optionally (no version
+    /// change: a plugin looks it up and falls back to one call per workgroup) the source defines `extern "C" void ENTRY` BP_CPP_RUNS_SUFFIX
+    /// `(const bp_host_kernel_context *, uint32_t runs)`, which computes the `runs` workgroups
+    /// workgroup[0], workgroup[0] + 1, ... along x with one call (a plugin may then launch
+    /// runs of small workgroups instead of one call each).
     BP_DIALECT_CPP = 5,
 } bp_dialect;
 
@@ -410,6 +414,11 @@ typedef struct bp_host_kernel_context {
 
 /// A host-dialect kernel: called once per workgroup, possibly concurrently for different ones.
 typedef void (*bp_host_kernel_fn)(const bp_host_kernel_context *context);
+
+/// The suffix of a BP_DIALECT_CPP source's optional entry that runs several workgroups along x
+/// per call (the core's generated sources define it), and its type.
+#define BP_CPP_RUNS_SUFFIX "__runs"
+typedef void (*bp_host_kernel_runs_fn)(const bp_host_kernel_context *context, uint32_t runs);
 
 /// The `source` of a BP_DIALECT_HOST kernel: the function itself, passed by address.
 /// source_size is the caller's sizeof(bp_host_kernel_source); a plugin accepts the smaller 1.1
