@@ -793,7 +793,11 @@ void GpuDevice::collective(sdk::Stream &stream, sdk::Comm &comm, const bp_collec
         recycleEvent(start, false);
         check(recorded);
     }
-    nccl::Result r = call.invoke(s.library.fn, s.handle, gpuStream.get());
+    nccl::Result r;
+    {
+        const ProfilerRange range(what.c_str());
+        r = call.invoke(s.library.fn, s.handle, gpuStream.get());
+    }
     if (group.depth > 0) {
         // Queued in NCCL's group: launched (and finished here) by comm_group(end).
         if (r != nccl::Success && r != nccl::InProgress) {

@@ -282,6 +282,7 @@ void GpuDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
 // refuse a copy of zero bytes, which a replay must not turn into an error.
 void GpuDevice::recordCopyHostToDevice(bpv::Stream stream,
                                        const bp_copy_host_to_device_args &args) {
+    const ProfilerRange range("copy host to device");
     if (args.src == nullptr && args.size > 0)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_host_to_device: src is NULL");
     const auto dst = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
@@ -291,6 +292,7 @@ void GpuDevice::recordCopyHostToDevice(bpv::Stream stream,
 
 void GpuDevice::recordCopyDeviceToHost(bpv::Stream stream,
                                        const bp_copy_device_to_host_args &args) {
+    const ProfilerRange range("copy device to host");
     if (args.dst == nullptr && args.size > 0)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "copy_device_to_host: dst is NULL");
     const auto src = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
@@ -300,6 +302,7 @@ void GpuDevice::recordCopyDeviceToHost(bpv::Stream stream,
 
 void GpuDevice::recordCopyDeviceToDevice(bpv::Stream stream,
                                          const bp_copy_device_to_device_args &args) {
+    const ProfilerRange range("copy device to device");
     const auto src = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
     const auto dst = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
     if (args.size == 0) return;
@@ -307,6 +310,7 @@ void GpuDevice::recordCopyDeviceToDevice(bpv::Stream stream,
 }
 
 void GpuDevice::recordFill(bpv::Stream stream, const bp_fill_args &args) {
+    const ProfilerRange range("fill");
     if (args.offset % 4 != 0 || args.size % 4 != 0)
         throw sdk::Error(BP_ERROR_INVALID_ARGUMENT, "fill: offset and size must be multiples of 4");
     const auto dst = sdk::as<GpuMemory>(args.dst).at(args.offset, args.size);
@@ -327,6 +331,7 @@ void GpuDevice::copyPeer(sdk::Stream &stream, sdk::Device &source,
                                                    "; copy through host memory instead");
     const auto from = sdk::as<GpuMemory>(args.src).at(args.src_offset, args.size);
     const auto to = sdk::as<GpuMemory>(args.dst).at(args.dst_offset, args.size);
+    const ProfilerRange range("copy from peer");
     check(bpv::copyPeer(driver_, to, context_, description_.id, from, src.context_,
                         src.description_.id, args.size, sdk::as<GpuStream>(stream).get()));
 }

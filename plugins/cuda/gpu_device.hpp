@@ -13,6 +13,16 @@
 
 namespace backplane::gpu {
 
+/// A profiler range (bpv::rangePush / rangePop: NVTX on CUDA) around one submission, named by
+/// what it submits: the kernel's entry point, "copy host to device", ...
+class ProfilerRange {
+public:
+    explicit ProfilerRange(const char *name) noexcept { bpv::rangePush(name); }
+    ~ProfilerRange() { bpv::rangePop(); }
+    ProfilerRange(const ProfilerRange &) = delete;
+    ProfilerRange &operator=(const ProfilerRange &) = delete;
+};
+
 class GpuDevice;
 class NcclLoader;
 struct CommState;
@@ -114,6 +124,7 @@ public:
     GpuKernel(const GpuKernel &) = delete;
     GpuKernel &operator=(const GpuKernel &) = delete;
     bpv::Function function() const noexcept { return function_; }
+    const std::string &name() const noexcept { return name_; }
     /// Raises the kernel's dynamic shared memory limit once to at least `bytes`.
     void allowSharedMemory(uint32_t bytes);
     /// Throws BP_ERROR_LAUNCH naming the kernel, its parameter sizes and the launch's bindings

@@ -220,6 +220,7 @@ void GpuDevice::recordLaunch(bpv::Stream stream, const bp_launch_args &args) {
     // An empty grid is a launch of nothing (as on the other plugins); the driver would refuse it.
     if (args.grid[0] == 0 || args.grid[1] == 0 || args.grid[2] == 0) return;
     if (args.shared_memory_bytes > 0) kernel.allowSharedMemory(args.shared_memory_bytes);
+    const ProfilerRange range(kernel.name().c_str());
     check(bpv::launch(driver_, kernel.function(), args.grid, args.block, args.shared_memory_bytes,
                       stream, count > 0 ? params : nullptr),
           BP_ERROR_LAUNCH);

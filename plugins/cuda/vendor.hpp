@@ -13,6 +13,10 @@
 
 #include <cuda.h>
 #include <nvrtc.h>
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h> // header-only: loads a tool (Nsight Systems) only when one is attached
+#define BPV_NVTX 1
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -486,5 +490,18 @@ inline RtcResult rtcCodeSize(const Rtc &c, RtcProgram p, size_t *n) {
     return c.nvrtcGetCUBINSize(p, n);
 }
 inline RtcResult rtcCode(const Rtc &c, RtcProgram p, char *code) { return c.nvrtcGetCUBIN(p, code); }
+
+/// Named ranges for profilers (NVTX): without an attached tool each call is one indirect call
+/// to an empty function; with one (NVTX_INJECTION64_PATH, set by `nsys profile`) the work the
+/// plugin submits inside a range is shown under its name.
+#ifdef BPV_NVTX
+inline void rangePush(const char *name) noexcept { nvtxRangePushA(name); }
+inline void rangePop() noexcept { nvtxRangePop(); }
+inline constexpr const char *kRangeApi = "NVTX";
+#else
+inline void rangePush(const char *) noexcept {}
+inline void rangePop() noexcept {}
+inline constexpr const char *kRangeApi = "";
+#endif
 
 } // namespace bpv

@@ -429,4 +429,9 @@ inline RtcResult rtcCodeSize(const Rtc &c, RtcProgram p, size_t *n) {
 }
 inline RtcResult rtcCode(const Rtc &c, RtcProgram p, char *code) { return c.hiprtcGetCode(p, code); }
 
+/// Named ranges for profilers: none on HIP yet (roctx is a library to link, not a header).
+inline void rangePush(const char *) noexcept {}
+inline void rangePop() noexcept {}
+inline constexpr const char *kRangeApi = "";
+
 } // namespace bpv
