@@ -1,7 +1,7 @@
 // One opened host device: storage, streams, transfers and host-dialect kernels.
 #include "host_device.hpp"
 
-#include "host_comm.hpp"
+#include "gloo/host_comm.hpp"
 
 #include <cerrno>
 #include <cstddef>

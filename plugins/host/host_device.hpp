@@ -1,7 +1,7 @@
 // One opened host device: memory pages, streams, host-dialect kernels, in host memory and threads.
 #pragma once
 
-#include "gloo_loader.hpp"
+#include "gloo/gloo_loader.hpp"
 #include "host_compiler.hpp"
 #include "host_options.hpp"
 #include "host_stream.hpp"

@@ -1,7 +1,7 @@
 // The host plugin: CPU threads as streams, counters as events, host memory, native kernels.
-#include "comm_group.hpp"
-#include "gloo_loader.hpp"
-#include "host_comm.hpp"
+#include "gloo/comm_group.hpp"
+#include "gloo/gloo_loader.hpp"
+#include "gloo/host_comm.hpp"
 #include "host_device.hpp"
 #include "host_options.hpp"
 

@@ -1,5 +1,5 @@
 // The host plugin's element-wise reductions and 16-bit float conversions (plugin internals:
-// compiled from plugins/host/reduce_ops.cpp).
+// compiled from plugins/host/gloo/reduce_ops.cpp).
 #include "reduce_ops.hpp"
 
 #include <backplane/abi/plugin.h>

@@ -2,7 +2,7 @@
 // address.
 #pragma once
 
-#include "host_options.hpp"
+#include "../host_options.hpp"
 
 #include <array>
 #include <cstddef>

@@ -7,7 +7,7 @@
 #include "collective_names.hpp"
 #include "comm_id.hpp"
 #include "gloo_connections.hpp"
-#include "host_options.hpp"
+#include "../host_options.hpp"
 #include "reduce_ops.hpp"
 #include "store_client.hpp"
 #include "store_server.hpp"

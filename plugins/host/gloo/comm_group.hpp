@@ -1,7 +1,7 @@
 // comm_group of the host plugin's collectives.
 #pragma once
 
-#include "host_stream.hpp"
+#include "../host_stream.hpp"
 
 #include <functional>
 

@@ -4,7 +4,7 @@
 
 #include "collective_names.hpp"
 #include "comm_group.hpp"
-#include "host_device.hpp"
+#include "../host_device.hpp"
 
 #include <limits>
 #include <string>

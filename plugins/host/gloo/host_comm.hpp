@@ -21,8 +21,8 @@
 // Without the module or libgloo (gloo_loader.hpp) the plugin has no collectives, and says why.
 
 #include "gloo_loader.hpp"
-#include "host_options.hpp"
-#include "host_stream.hpp"
+#include "../host_options.hpp"
+#include "../host_stream.hpp"
 
 #include <backplane/abi/plugin_sdk.hpp>
 
