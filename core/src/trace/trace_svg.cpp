@@ -228,7 +228,11 @@ std::string renderTraceSvg(const std::filesystem::path &traceFile) {
     const double power = std::pow(10.0, std::floor(std::log10(raw)));
     const double step = raw / power < 2 ? 2 * power : raw / power < 5 ? 5 * power : 10 * power;
     const double axisY = kTop - 6;
-    for (double t = 0; t <= span + step / 2 && any; t += step) {
+    // Counted, not stepped: near the top of the double range `span + step / 2` is infinite and
+    // `t += step` stops moving (review finding: a span of 1.7e308 never ended). At most 12 ticks.
+    for (int tick = 0; any && tick <= 11; ++tick) {
+        const double t = tick * step;
+        if (t > span + step / 2) break;
         const double x = kLabelWidth + t * scale;
         s += "<line x1=\"" + fixed(x) + "\" y1=\"" + fixed(axisY) + "\" x2=\"" + fixed(x) +
              "\" y2=\"" + fixed(height - 30) + "\" stroke=\"#ddd\"/>\n";
