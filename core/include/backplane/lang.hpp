@@ -111,16 +111,65 @@ enum class Layout : uint8_t;
 namespace detail {
 
 /// Operations of the IR (core/src/lang/ir.hpp documents each).
+// Every IR operation, once, in enum order: X(enum name, name in IR listings, operands read
+// (a, b, c in that order; a Load of a variable reads none), family). The builder, the generators
+// and the interpreter take what they share from it (core/src/lang/ir.hpp: opInfo) instead of
+// keeping their own lists. Families: Leaf (no operand nodes), Unary, Binary (arithmetic, bitwise,
+// logic), Compare (gives bool), Ternary, Cast, Function (float functions), CrossLane (atomics and
+// subgroup operations).
+#define BACKPLANE_LANG_OPS(X)                                                                     \
+    X(Constant, "const", 0, Leaf)                                                                  \
+    X(Builtin, "builtin", 0, Leaf)                                                                 \
+    X(Scalar, "scalar", 0, Leaf)                                                                   \
+    X(Length, "length", 0, Leaf)                                                                   \
+    X(Load, "load", 1, Memory)                                                                     \
+    X(LoopIndex, "index", 0, Leaf)                                                                 \
+    X(Neg, "neg", 1, Unary)                                                                        \
+    X(Not, "not", 1, Unary)                                                                        \
+    X(BitNot, "bitnot", 1, Unary)                                                                  \
+    X(Add, "add", 2, Binary)                                                                       \
+    X(Sub, "sub", 2, Binary)                                                                       \
+    X(Mul, "mul", 2, Binary)                                                                       \
+    X(Div, "div", 2, Binary)                                                                       \
+    X(Rem, "rem", 2, Binary)                                                                       \
+    X(Min, "min", 2, Binary)                                                                       \
+    X(Max, "max", 2, Binary)                                                                       \
+    X(And, "and", 2, Binary)                                                                       \
+    X(Or, "or", 2, Binary)                                                                         \
+    X(Xor, "xor", 2, Binary)                                                                       \
+    X(Shl, "shl", 2, Binary)                                                                       \
+    X(Shr, "shr", 2, Binary)                                                                       \
+    X(Eq, "eq", 2, Compare)                                                                        \
+    X(Ne, "ne", 2, Compare)                                                                        \
+    X(Lt, "lt", 2, Compare)                                                                        \
+    X(Le, "le", 2, Compare)                                                                        \
+    X(Gt, "gt", 2, Compare)                                                                        \
+    X(Ge, "ge", 2, Compare)                                                                        \
+    X(Select, "select", 3, Ternary)                                                                \
+    X(Cast, "cast", 1, Cast)                                                                       \
+    X(Fma, "fma", 3, Ternary)                                                                      \
+    X(Pow, "pow", 2, Function)                                                                     \
+    X(Abs, "abs", 1, Function)                                                                     \
+    X(Sqrt, "sqrt", 1, Function)                                                                   \
+    X(Rsqrt, "rsqrt", 1, Function)                                                                 \
+    X(Exp, "exp", 1, Function)                                                                     \
+    X(Log, "log", 1, Function)                                                                     \
+    X(Sin, "sin", 1, Function)                                                                     \
+    X(Cos, "cos", 1, Function)                                                                     \
+    X(Tanh, "tanh", 1, Function)                                                                   \
+    X(Floor, "floor", 1, Function)                                                                 \
+    X(Ceil, "ceil", 1, Function)                                                                   \
+    X(Atomic, "atomic", 2, CrossLane)                                                              \
+    X(SubgroupSum, "subgroup_sum", 1, CrossLane)                                                   \
+    X(SubgroupMin, "subgroup_min", 1, CrossLane)                                                   \
+    X(SubgroupMax, "subgroup_max", 1, CrossLane)                                                   \
+    X(ShuffleXor, "shuffle_xor", 2, CrossLane)                                                     \
+    X(Broadcast, "broadcast", 2, CrossLane)
+
 enum class Op : uint8_t {
-    // leaves
-    Constant, Builtin, Scalar, Length, Load, LoopIndex,
-    // arithmetic, bitwise, logic
-    Neg, Not, BitNot, Add, Sub, Mul, Div, Rem, Min, Max, And, Or, Xor, Shl, Shr,
-    Eq, Ne, Lt, Le, Gt, Ge, Select, Cast, Fma, Pow,
-    // float functions
-    Abs, Sqrt, Rsqrt, Exp, Log, Sin, Cos, Tanh, Floor, Ceil,
-    // side effects and cross-lane
-    Atomic, SubgroupSum, SubgroupMin, SubgroupMax, ShuffleXor, Broadcast,
+#define BACKPLANE_LANG_OP_ENUM(name, text, operands, family) name,
+    BACKPLANE_LANG_OPS(BACKPLANE_LANG_OP_ENUM)
+#undef BACKPLANE_LANG_OP_ENUM
 };
 
 /// Where a load, store or atomic goes.

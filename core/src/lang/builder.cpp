@@ -314,8 +314,8 @@ Recorder &current() {
 }
 
 bool isComparison(Op op) {
-    return op == Op::Eq || op == Op::Ne || op == Op::Lt || op == Op::Le || op == Op::Gt ||
-           op == Op::Ge;
+    const OpInfo *info = opInfo(op);
+    return info != nullptr && info->family == OpFamily::Compare;
 }
 
 } // namespace
@@ -342,7 +342,7 @@ Handle operation(Op op, Type result, Handle a, Handle b, Handle c, uint32_t imm)
     n.type = result;
     n.imm = imm;
     n.a = r.use(a, "an operand");
-    if (op == Op::Select || op == Op::Fma) {
+    if (const OpInfo *info = opInfo(op); info != nullptr && info->operands == 3) {
         n.b = r.use(b, "an operand");
         n.c = r.use(c, "an operand");
         const auto &nodes = r.module().nodes;
@@ -359,9 +359,10 @@ Handle unary(Op op, Handle a) {
     n.op = op;
     n.a = r.use(a, "an operand");
     n.type = r.module().nodes[n.a].type;
-    const bool floatOnly = op == Op::Sqrt || op == Op::Rsqrt || op == Op::Exp || op == Op::Log ||
-                           op == Op::Sin || op == Op::Cos || op == Op::Tanh ||
-                           op == Op::Floor || op == Op::Ceil;
+    const OpInfo *info = opInfo(op);
+    // Float functions, except abs() (which takes every number type).
+    const bool floatOnly =
+        info != nullptr && info->family == OpFamily::Function && op != Op::Abs;
     if (floatOnly && !isFloat(n.type))
         r.fail("a float function was applied to a " + std::string(toString(n.type)) + " value");
     if ((op == Op::Not) != (n.type == Type::Bool) &&

@@ -352,17 +352,13 @@ bool HostGenerator::recomputed(uint32_t node, int depth) const {
     case Type::U32: break;
     default: return false;
     }
-    switch (n.op) {
-    case Op::Constant:
-    case Op::Builtin:
-    case Op::Scalar:
-    case Op::Length: return true;
-    case Op::Neg: case Op::Not: case Op::BitNot: case Op::Add: case Op::Sub: case Op::Mul:
-    case Op::Div: case Op::Rem: case Op::Min: case Op::Max: case Op::And: case Op::Or:
-    case Op::Xor: case Op::Shl: case Op::Shr: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le:
-    case Op::Gt: case Op::Ge: case Op::Select: break;
-    default: return false; // loads, loop indices, casts, float and cross-lane operations
-    }
+    if (isLeaf(n.op)) return true;
+    const OpInfo *info = opInfo(n.op);
+    if (info == nullptr) return false;
+    const OpFamily family = info->family;
+    if (family != OpFamily::Unary && family != OpFamily::Binary && family != OpFamily::Compare &&
+        n.op != Op::Select)
+        return false; // loads, loop indices, casts, float and cross-lane operations
     if (defRegion_[node] == kNone) return false; // not (yet) defined by a Let: printed as is
     for (uint32_t o : {n.a, n.b, n.c})
         if (o != kNone && !recomputed(o, depth - 1)) return false;

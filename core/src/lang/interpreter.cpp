@@ -69,63 +69,7 @@ bool isLeaf(Op op) {
 }
 
 /// Operands (a, b, c in that order) an operation reads; -1 for an unknown operation.
-int arity(const Node &n) {
-    switch (n.op) {
-    case Op::Constant:
-    case Op::Builtin:
-    case Op::Scalar:
-    case Op::Length:
-    case Op::LoopIndex:
-        return 0;
-    case Op::Load:
-        return n.space == Space::Var ? 0 : 1;
-    case Op::Neg:
-    case Op::Not:
-    case Op::BitNot:
-    case Op::Cast:
-    case Op::Abs:
-    case Op::Sqrt:
-    case Op::Rsqrt:
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sin:
-    case Op::Cos:
-    case Op::Tanh:
-    case Op::Floor:
-    case Op::Ceil:
-    case Op::SubgroupSum:
-    case Op::SubgroupMin:
-    case Op::SubgroupMax:
-        return 1;
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Rem:
-    case Op::Min:
-    case Op::Max:
-    case Op::And:
-    case Op::Or:
-    case Op::Xor:
-    case Op::Shl:
-    case Op::Shr:
-    case Op::Eq:
-    case Op::Ne:
-    case Op::Lt:
-    case Op::Le:
-    case Op::Gt:
-    case Op::Ge:
-    case Op::Pow:
-    case Op::Atomic:
-    case Op::ShuffleXor:
-    case Op::Broadcast:
-        return 2;
-    case Op::Select:
-    case Op::Fma:
-        return 3;
-    }
-    return -1;
-}
+int arity(const Node &n) { return operandCount(n); }
 
 /// Same value in every active lane wherever it is used: computed from constants, scalars, lengths,
 /// group ids and sizes, and the indices of loops bounded by such values. Node::uniform is not

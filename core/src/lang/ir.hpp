@@ -185,6 +185,47 @@ inline bool isSigned(Type t) {
 inline bool isNarrow(Type t) { return sizeOf(t) < 4 && t != Type::Bool; }
 inline bool isWide(Type t) { return sizeOf(t) == 8; }
 
+/// What the generators and the interpreter share about an operation (lang.hpp,
+/// BACKPLANE_LANG_OPS: the one list).
+enum class OpFamily : uint8_t { Leaf, Memory, Unary, Binary, Compare, Ternary, Cast, Function, CrossLane };
+struct OpInfo {
+    const char *name;  ///< in IR listings
+    uint8_t operands;  ///< operand nodes read (a, b, c in order); a Load of a variable reads none
+    OpFamily family;
+};
+inline constexpr OpInfo kOpInfo[] = {
+#define BACKPLANE_LANG_OP_INFO(name, text, operands, family) {text, operands, OpFamily::family},
+    BACKPLANE_LANG_OPS(BACKPLANE_LANG_OP_INFO)
+#undef BACKPLANE_LANG_OP_INFO
+};
+inline constexpr size_t kOpCount = sizeof(kOpInfo) / sizeof(kOpInfo[0]);
+/// The table's entry of `op`; nullptr for a value past the table (a malformed module).
+inline const OpInfo *opInfo(Op op) noexcept {
+    const auto i = static_cast<size_t>(op);
+    return i < kOpCount ? &kOpInfo[i] : nullptr;
+}
+/// Operand nodes `n` reads (a, b, c in that order), or -1 for a value that is no operation.
+inline int operandCount(const Node &n) noexcept {
+    const OpInfo *info = opInfo(n.op);
+    if (info == nullptr) return -1;
+    if (n.op == Op::Load && n.space == Space::Var) return 0;
+    return info->operands;
+}
+/// Integer or float arithmetic whose result an 8- or 16-bit type wraps or rounds: what
+/// a narrow result must be brought back to its type after.
+inline bool narrowsResult(Op op) noexcept {
+    const OpInfo *info = opInfo(op);
+    if (info == nullptr) return false;
+    switch (info->family) {
+    case OpFamily::Unary: return op != Op::Not;
+    case OpFamily::Binary:
+        return op != Op::Min && op != Op::Max && op != Op::And && op != Op::Or && op != Op::Xor;
+    case OpFamily::Function: return op != Op::Floor && op != Op::Ceil;
+    case OpFamily::CrossLane: return op == Op::SubgroupSum;
+    default: return false;
+    }
+}
+
 inline uint32_t Module::scalarOffset(size_t i) const {
     uint32_t at = 0;
     for (size_t f = 0; f < i && f < scalars.size(); ++f) {

@@ -493,28 +493,7 @@ private:
     /// types) brought back to the type.
     std::string expression(const Node &n) {
         const std::string raw = operation(n);
-        switch (n.op) {
-        case Op::Neg:
-        case Op::BitNot:
-        case Op::Add:
-        case Op::Sub:
-        case Op::Mul:
-        case Op::Div:
-        case Op::Rem:
-        case Op::Shl:
-        case Op::Shr:
-        case Op::Abs:
-        case Op::Pow:
-        case Op::Sqrt:
-        case Op::Rsqrt:
-        case Op::Exp:
-        case Op::Log:
-        case Op::Sin:
-        case Op::Cos:
-        case Op::Tanh:
-        case Op::SubgroupSum: return normalized(n.type, raw);
-        default: return raw;
-        }
+        return narrowsResult(n.op) ? normalized(n.type, raw) : raw;
     }
 
     /// A float function: CUDA's float or double name, GLSL's (which has no double versions of
@@ -1455,12 +1434,8 @@ const char *atomicName(AtomicOp op) {
 }
 
 const char *opName(Op op) {
-    static const char *names[] = {
-        "const", "builtin", "scalar", "length", "load", "index", "neg", "not", "bitnot", "add", "sub", "mul",
-        "div", "rem", "min", "max", "and", "or", "xor", "shl", "shr", "eq", "ne", "lt", "le", "gt", "ge",
-        "select", "cast", "fma", "pow", "abs", "sqrt", "rsqrt", "exp", "log", "sin", "cos", "tanh", "floor",
-        "ceil", "atomic", "subgroup_sum", "subgroup_min", "subgroup_max", "shuffle_xor", "broadcast"};
-    return names[static_cast<int>(op)];
+    const OpInfo *info = opInfo(op);
+    return info != nullptr ? info->name : "?";
 }
 
 } // namespace
