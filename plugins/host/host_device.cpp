@@ -110,6 +110,29 @@ struct LaunchRecord {
     }
 };
 
+/// The first failure a launch's kernel reported through bp_host_kernel_context::fail (ABI 1.6).
+struct LaunchFailure {
+    std::mutex mutex;
+    bool failed = false;
+    bp_status status = BP_ERROR_INTERNAL;
+    std::string message;
+
+    static void report(const bp_host_kernel_context *context, bp_status status,
+                       const char *message) {
+        if (context == nullptr || context->fail_state == nullptr) return;
+        auto &self = *static_cast<LaunchFailure *>(context->fail_state);
+        std::lock_guard lock(self.mutex);
+        if (self.failed) return;
+        self.failed = true;
+        self.status = status == BP_SUCCESS ? BP_ERROR_INTERNAL : status;
+        try {
+            self.message = message != nullptr ? message : "(no message)";
+        } catch (...) {
+            self.status = BP_ERROR_OUT_OF_MEMORY; // the message itself did not fit
+        }
+    }
+};
+
 void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_info &info) {
     uint32_t grid[3] = {launch.grid[0], launch.grid[1], launch.grid[2]};
     if (launch.indirectGrid != nullptr) {
@@ -132,6 +155,7 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
     const uint64_t runsPerRow = (uint64_t{grid[0]} + run - 1) / run;
     const uint64_t perSlice = runsPerRow * grid[1];
     const uint64_t count = perSlice * grid[2];
+    LaunchFailure failure;
     pool.run(count, [&](uint64_t i) {
         bp_host_kernel_context context{};
         context.struct_size = sizeof(context);
@@ -147,9 +171,12 @@ void runLaunch(const LaunchRecord &launch, WorkgroupPool &pool, const bp_device_
         context.scalars = scalars;
         context.scalar_size = launch.scalarSize;
         context.user_data = launch.userData;
+        context.fail = &LaunchFailure::report;
+        context.fail_state = &failure;
         if (run == 1) launch.function(&context);
         else runs(&context, static_cast<uint32_t>(std::min<uint64_t>(run, grid[0] - x)));
     });
+    if (failure.failed) throw sdk::Error(failure.status, "kernel_launch: " + failure.message);
 }
 
 } // namespace

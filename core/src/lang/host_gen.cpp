@@ -115,7 +115,17 @@ struct bp_ctx {
     u32 buffer_count;
     const void *scalars;
     usize scalar_size;
+    const void *user_data;
+    void (*fail)(const bp_ctx *, int, const char *);
+    void *fail_state;
 };
+// Tells the plugin that this call could not run its workgroups (ABI 1.6; older plugins: nothing
+// to tell, the workgroups are left undone).
+static inline void bp_fail(const bp_ctx *ctx, int status, const char *message) {
+    if (ctx->struct_size >= __builtin_offsetof(bp_ctx, fail_state) + sizeof(void *) &&
+        ctx->fail != nullptr)
+        ctx->fail(ctx, status, message);
+}
 extern "C" {
 float sinf(float);
 float cosf(float);
@@ -1108,7 +1118,12 @@ std::string HostGenerator::run() {
         line("    heap.data = aligned_alloc(64, (need + 63) & ~(usize)63);");
         line("    scratch = (unsigned char *)heap.data;");
         line("}");
-        line("if (scratch == nullptr) return; // out of memory: the workgroup is left undone");
+        line("if (scratch == nullptr) {");
+        line("    bp_fail(ctx, " + std::to_string(static_cast<int>(BP_ERROR_OUT_OF_MEMORY)) +
+             ", \"kernel '" + m_.entryPoint +
+             "': no memory for its workgroup scratch (shared and per-lane arrays)\");");
+        line("    return;");
+        line("}");
         for (const auto &[declaration, name] : pointers) line(declaration);
     }
     line("auto workgroup = [&](const u32 gid0) __attribute__((always_inline)) {");

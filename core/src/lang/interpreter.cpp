@@ -8,8 +8,10 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -2021,6 +2023,20 @@ void Interpreter::run(const Module &module, const bp_host_kernel_context &contex
 
 } // namespace
 
+/// Tells the plugin that the workgroup was not computed (ABI 1.6 bp_host_kernel_context::fail),
+/// so the launch fails instead of completing with the workgroup left undone.
+static void failWorkgroup(const bp_host_kernel_context *context, const std::exception &e) noexcept {
+    constexpr size_t kNeeded = offsetof(bp_host_kernel_context, fail_state) + sizeof(void *);
+    if (context == nullptr || context->struct_size < kNeeded || context->fail == nullptr) return;
+    const bool memory = dynamic_cast<const std::bad_alloc *>(&e) != nullptr;
+    const auto *module = static_cast<const Module *>(context->user_data);
+    char message[512];
+    std::snprintf(message, sizeof(message), "kernel '%s' (interpreted): %s%s",
+                  module != nullptr ? module->entryPoint.c_str() : "?",
+                  memory ? "no memory for its workgroup scratch: " : "", e.what());
+    context->fail(context, memory ? BP_ERROR_OUT_OF_MEMORY : BP_ERROR_INTERNAL, message);
+}
+
 void interpretWorkgroup(const bp_host_kernel_context *context) {
     // Called through a C function pointer by the host plugin: nothing may escape.
     try {
@@ -2032,8 +2048,10 @@ void interpretWorkgroup(const bp_host_kernel_context *context) {
         // A worker keeps its scratch for the next workgroup, but not an unusually large one.
         constexpr size_t kKeptScratchBytes = size_t{64} << 20;
         if (interpreter.scratchBytes() > kKeptScratchBytes) interpreter = Interpreter();
+    } catch (const std::exception &e) {
+        failWorkgroup(context, e);
     } catch (...) {
-        // std::bad_alloc growing the scratch: the workgroup is left undone.
+        failWorkgroup(context, std::runtime_error("a non-standard exception"));
     }
 }
 

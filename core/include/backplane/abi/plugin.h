@@ -41,7 +41,7 @@ extern "C" {
 
 /* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
 #define BP_ABI_VERSION_MAJOR 1
-#define BP_ABI_VERSION_MINOR 5
+#define BP_ABI_VERSION_MINOR 6
 
 /* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
@@ -410,6 +410,17 @@ typedef struct bp_host_kernel_context {
     /// compiled from a 1.1 (smaller) bp_host_kernel_source. Read it only when struct_size covers
     /// it: a 1.1 plugin passes the smaller context.
     const void *user_data;
+    /* ABI 1.6 */
+    /// Reports that this call could not compute its workgroup(s) (no memory for its scratch, an
+    /// internal error): the plugin then fails the launch with `status` (BP_ERROR_OUT_OF_MEMORY,
+    /// BP_ERROR_INTERNAL...) and `message` (copied; name the kernel) instead of completing it,
+    /// so a workgroup is never silently left undone. May be called from several calls of one
+    /// launch at once; the first report wins. NULL from an older plugin: read it only when
+    /// struct_size covers it.
+    void (*fail)(const struct bp_host_kernel_context *context, bp_status status,
+                 const char *message);
+    /// The plugin's state for `fail`; a host kernel passes the context back unchanged.
+    void *fail_state;
 } bp_host_kernel_context;
 
 /// A host-dialect kernel: called once per workgroup, possibly concurrently for different ones.
