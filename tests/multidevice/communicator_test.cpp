@@ -12,6 +12,7 @@
 #include <backplane/client.hpp>
 #include <backplane/communicator.hpp>
 #include <backplane/error.hpp>
+#include <backplane/runtime.hpp>
 
 #include <doctest/doctest.h>
 
@@ -422,6 +423,39 @@ TEST_CASE("a peer's malformed description of its ranks is refused with an error 
             CHECK(message.size() < 2000);
         }
     }
+}
+
+TEST_CASE("between processes the staged path finds a CPU device with collectives in the runtime") {
+    // The given devices are sync-mode host devices, whose collectives are off: create(runtime,
+    // ...) must find a device that carries the processes among the runtime's by what it can do.
+    Config config;
+    config.pluginPathOverride = {
+        (std::filesystem::path(HOST_PLUGIN_PATH).parent_path() / "host.json").string()};
+    config.pluginOptions["host"] = R"({"devices":2,"collectives":{"address":"127.0.0.1"}})";
+    config.probeMode = ProbeMode::InProcess;
+    config.cacheEnabled = false;
+    Runtime runtime(config);
+    const std::string dir = freshDirectory("carrier");
+    auto join = [&](uint32_t process) -> std::pair<bool, std::vector<float>> {
+        std::vector<ComputeClient> mine = openHostDevices(1, "sync");
+        auto rendezvous = directoryRendezvous(dir, process, 2);
+        CommunicatorOptions options;
+        options.timeout = 20s;
+        Communicator comm = Communicator::create(runtime, mine, *rendezvous, options);
+        std::vector<float> values(16, static_cast<float>(process + 1));
+        const Buffer buffer = mine[0].create(values.data(), values.size() * sizeof(float));
+        comm.allReduce(std::span(&buffer, 1), std::span(&buffer, 1), 16, DataType::F32,
+                       ReduceOp::Sum);
+        return {comm.staged(), mine[0].readAs<float>(buffer)};
+    };
+    auto other = std::async(std::launch::async, join, 1u);
+    const auto mine = join(0);
+    const auto theirs = other.get();
+    CHECK(mine.first);
+    CHECK(theirs.first);
+    CHECK(mine.second == std::vector<float>(16, 3.0f));
+    CHECK(theirs.second == std::vector<float>(16, 3.0f));
+    std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a communicator whose other process never comes fails with a timeout naming it") {

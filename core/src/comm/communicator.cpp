@@ -285,28 +285,58 @@ Communicator Communicator::create(std::vector<ComputeClient> devices, Rendezvous
                                       [] { return std::optional<ComputeClient>(); });
 }
 
+namespace detail {
+namespace {
+
+/// Whether the staged path between processes can run on `device`: it moves host memory, so a
+/// CPU device, with a collective engine (the host plugin's Gloo). `asyncStreams`: only one whose
+/// streams are asynchronous, as the engine choice counts a rank's collectives (a sync-mode host
+/// device has no Gloo there).
+bool carriesProcesses(const DeviceInfo &device, bool asyncStreams) {
+    return device.type == DeviceType::Cpu &&
+           (device.capabilities & BP_CAPABILITY_COLLECTIVES) != 0 &&
+           (!asyncStreams || (device.capabilities & BP_CAPABILITY_ASYNC_STREAMS) != 0);
+}
+
+/// One of `given` that carriesProcesses, else the first such device of `runtime`, opened.
+ComputeClient openProcessCarrier(const Runtime &runtime, const std::vector<ComputeClient> &given) {
+    for (const ComputeClient &c : given)
+        if (carriesProcesses(c.device(), true)) return c;
+    std::string why;
+    for (const PhysicalDevice &physical : runtime.devices())
+        for (const DeviceInfo &route : physical.routes) {
+            if (carriesProcesses(route, false)) {
+                try {
+                    return runtime.open(runtime.select(route.id()));
+                } catch (const Error &e) {
+                    throw Error(ErrorCode::Unsupported,
+                                "Communicator::create: the staged path between processes runs on "
+                                "the collectives of " + route.id() + " (" + route.collectives +
+                                    "), and it could not be opened: " + std::string(e.what()));
+                }
+            }
+            if (route.type == DeviceType::Cpu)
+                why += (why.empty() ? "" : "; ") + route.id() + " has none (" +
+                       (route.collectives.empty() ? std::string("no engine named")
+                                                  : route.collectives) + ")";
+        }
+    invalid("Communicator::create",
+            "the staged path between processes needs the collectives of a CPU device (the host "
+            "plugin's Gloo), and " + (why.empty() ? std::string("there is no CPU device") : why));
+}
+
+} // namespace
+} // namespace detail
+
 Communicator Communicator::create(const Runtime &runtime, std::vector<ComputeClient> devices,
                                   Rendezvous &rendezvous, CommunicatorOptions options) {
     const std::vector<ComputeClient> given = devices;
-    return createWith(
-        std::move(devices), rendezvous, std::move(options),
-        [&]() -> std::optional<ComputeClient> {
-            // Reuse one of the devices when it is a host-plugin one, else open the host plugin's.
-            // (Only one whose streams are asynchronous: a sync-mode host device has no Gloo.)
-            for (const ComputeClient &c : given)
-                if (c.device().backend == "host" &&
-                    (c.device().capabilities & BP_CAPABILITY_ASYNC_STREAMS) != 0 &&
-                    (c.device().capabilities & BP_CAPABILITY_COLLECTIVES) != 0)
-                    return c;
-            try {
-                return runtime.open(runtime.select("host"));
-            } catch (const Error &e) {
-                throw Error(ErrorCode::Unsupported,
-                            "Communicator::create: the staged path between processes runs on "
-                            "the host plugin's Gloo, and its device could not be opened: " +
-                                std::string(e.what()));
-            }
-        });
+    // Chosen by what a device can do, not by its plugin's name: an out-of-tree CPU plugin with
+    // collectives serves as well as the host plugin.
+    return createWith(std::move(devices), rendezvous, std::move(options),
+                      [&]() -> std::optional<ComputeClient> {
+                          return detail::openProcessCarrier(runtime, given);
+                      });
 }
 
 Communicator Communicator::createWith(
