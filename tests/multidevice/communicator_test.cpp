@@ -12,6 +12,7 @@
 #include <backplane/client.hpp>
 #include <backplane/communicator.hpp>
 #include <backplane/error.hpp>
+#include <backplane/runtime.hpp>
 
 #include <doctest/doctest.h>
 
@@ -334,6 +335,127 @@ TEST_CASE("processes on loopback run every operation through gloo and through th
             }
             std::filesystem::remove_all(dir);
         }
+}
+
+namespace {
+
+/// Two processes, this one process 0: every step returns `theirs` as process 1's bytes.
+class ScriptedPeer final : public Rendezvous {
+public:
+    explicit ScriptedPeer(std::string theirs) : theirs_(std::move(theirs)) {}
+    uint32_t process() const override { return 0; }
+    uint32_t processCount() const override { return 2; }
+    std::vector<std::vector<std::byte>> allGather(std::span<const std::byte> mine,
+                                                  std::chrono::milliseconds) override {
+        const auto *theirs = reinterpret_cast<const std::byte *>(theirs_.data());
+        return {std::vector<std::byte>(mine.begin(), mine.end()),
+                std::vector<std::byte>(theirs, theirs + theirs_.size())};
+    }
+
+private:
+    std::string theirs_;
+};
+
+/// A description of one rank on the host plugin, with `ranks`, `plugins`, `collectives` and
+/// `forceStaged` as JSON text.
+std::string describedAs(const std::string &ranks, const std::string &plugins = R"(["host"])",
+                        const std::string &collectives = "[true]",
+                        const std::string &forceStaged = "false") {
+    return R"({"ranks":)" + ranks + R"(,"plugins":)" + plugins + R"(,"collectives":)" +
+           collectives + R"(,"force_staged":)" + forceStaged + "}";
+}
+
+} // namespace
+
+TEST_CASE("a peer's malformed description of its ranks is refused with an error naming it") {
+    std::vector<ComputeClient> devices = openHostDevices(1);
+    struct Hostile {
+        const char *what;
+        std::string text;
+        const char *expected; ///< in the message, besides "process 1"
+    };
+    const Hostile cases[] = {
+        {"nested 100000 levels deep", std::string(100000, '[') + std::string(100000, ']'),
+         "nesting"},
+        {"a 10 MB plugin name", describedAs("1", "[\"" + std::string(10u << 20, 'a') + "\"]"),
+         "bytes"},
+        {"rank count 2^40", describedAs("1099511627776"), "/ranks"},
+        {"rank count 2^32 + 1 (1 when cut to 32 bits)", describedAs("4294967297"), "/ranks"},
+        {"rank count -1", describedAs("-1", R"(["host"])"), "/ranks"},
+        {"rank count 0", describedAs("0", "[]", "[]"), "/ranks"},
+        {"rank count true", describedAs("true"), "/ranks"},
+        {"rank count 1.5", describedAs("1.5"), "/ranks"},
+        {"rank count 1e999", describedAs("1e999"), "/ranks"},
+        {"rank count as a string", describedAs("\"1\""), "/ranks"},
+        {"a plugin name that is a number", describedAs("1", "[7]"), "/plugins/0"},
+        {"an empty plugin name", describedAs("1", R"([""])"), "/plugins/0"},
+        {"more plugins than ranks", describedAs("1", R"(["host","host"])"), "/plugins"},
+        {"plugins an object", describedAs("1", R"({"0":"host"})"), "/plugins"},
+        {"collectives as numbers", describedAs("1", R"(["host"])", "[1]"), "/collectives/0"},
+        {"force_staged a string", describedAs("1", R"(["host"])", "[true]", "\"no\""),
+         "/force_staged"},
+        {"the rank count twice", R"({"ranks":1,"ranks":2})", "duplicate key 'ranks'"},
+        {"no rank count",
+         R"({"plugins":["host"],"collectives":[true],"force_staged":false})", "ranks"},
+        {"an unknown key", R"({"ranks":1,"plugins":["host"],"collectives":[true],)"
+                           R"("force_staged":false,"extra":1})",
+         "/extra"},
+        {"an array", "[1,2,3]", "object"},
+        {"not JSON", R"({"ranks":)", "JSON"},
+        {"nothing", "", "JSON"},
+        {"a NUL byte", std::string("{\"ranks\":1\0}", 12), "NUL"},
+    };
+    CommunicatorOptions options;
+    options.timeout = 500ms; // an accepted description would wait this long for process 1
+    for (const Hostile &c : cases) {
+        const std::string what = c.what;
+        CAPTURE(what);
+        ScriptedPeer peer(c.text);
+        try {
+            (void)Communicator::create(devices, peer, options);
+            FAIL("accepted");
+        } catch (const Error &e) {
+            const std::string message = e.what();
+            CAPTURE(message.substr(0, 400));
+            CHECK((e.code() == ErrorCode::Remote));
+            CHECK(message.find("process 1") != std::string::npos);
+            CHECK(message.find(c.expected) != std::string::npos);
+            CHECK(message.size() < 2000);
+        }
+    }
+}
+
+TEST_CASE("between processes the staged path finds a CPU device with collectives in the runtime") {
+    // The given devices are sync-mode host devices, whose collectives are off: create(runtime,
+    // ...) must find a device that carries the processes among the runtime's by what it can do.
+    Config config;
+    config.pluginPathOverride = {
+        (std::filesystem::path(HOST_PLUGIN_PATH).parent_path() / "host.json").string()};
+    config.pluginOptions["host"] = R"({"devices":2,"collectives":{"address":"127.0.0.1"}})";
+    config.probeMode = ProbeMode::InProcess;
+    config.cacheEnabled = false;
+    Runtime runtime(config);
+    const std::string dir = freshDirectory("carrier");
+    auto join = [&](uint32_t process) -> std::pair<bool, std::vector<float>> {
+        std::vector<ComputeClient> mine = openHostDevices(1, "sync");
+        auto rendezvous = directoryRendezvous(dir, process, 2);
+        CommunicatorOptions options;
+        options.timeout = 20s;
+        Communicator comm = Communicator::create(runtime, mine, *rendezvous, options);
+        std::vector<float> values(16, static_cast<float>(process + 1));
+        const Buffer buffer = mine[0].create(values.data(), values.size() * sizeof(float));
+        comm.allReduce(std::span(&buffer, 1), std::span(&buffer, 1), 16, DataType::F32,
+                       ReduceOp::Sum);
+        return {comm.staged(), mine[0].readAs<float>(buffer)};
+    };
+    auto other = std::async(std::launch::async, join, 1u);
+    const auto mine = join(0);
+    const auto theirs = other.get();
+    CHECK(mine.first);
+    CHECK(theirs.first);
+    CHECK(mine.second == std::vector<float>(16, 3.0f));
+    CHECK(theirs.second == std::vector<float>(16, 3.0f));
+    std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a communicator whose other process never comes fails with a timeout naming it") {

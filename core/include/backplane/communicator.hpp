@@ -111,9 +111,11 @@ struct CommunicatorOptions {
     /// Use the staged path through host memory even where every rank's plugin has collectives
     /// (for comparisons and tests). Every process must pass the same value.
     bool forceStaged = false;
-    /// The host-plugin client the staged path uses between processes (Gloo through the host
-    /// plugin). Communicator::create(Runtime&, ...) opens one when it needs it; with the other
-    /// overload, pass one when the staged path may span several processes.
+    /// The client the staged path uses between processes: a device with collectives on host
+    /// memory (Gloo through the host plugin). Communicator::create(Runtime&, ...) picks one by
+    /// capability when it needs it (one of the given devices, else the first the runtime lists
+    /// of type DeviceType::Cpu with BP_CAPABILITY_COLLECTIVES); with the other overload, pass
+    /// one when the staged path may span several processes.
     std::optional<ComputeClient> hostClient;
 };
 

@@ -1,15 +1,16 @@
 // Communicator: collectives over ranks of one or several processes, on the plugins' engines
 // (NCCL, RCCL, Gloo) or, for any other mix of devices, staged through host memory.
 #include "comm/host_reduce.hpp"
+#include "comm/peer_description.hpp"
 #include "server/compute_server.hpp"
 
 #include <backplane/communicator.hpp>
 #include <backplane/log.hpp>
 #include <backplane/runtime.hpp>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <future>
@@ -64,14 +65,6 @@ const char *toString(ReduceOp op) noexcept {
 namespace detail {
 
 using Bytes = std::vector<std::byte>;
-
-/// What one process says about itself in the first rendezvous step.
-struct ProcessDescriptor {
-    uint32_t ranks = 0;
-    std::vector<std::string> plugins;    ///< per local rank
-    std::vector<bool> collectives;       ///< per local rank: the plugin has an engine
-    bool forceStaged = false;
-};
 
 struct CommunicatorState {
     std::vector<ComputeClient> clients;
@@ -162,25 +155,6 @@ Bytes toBytes(const std::string &text) {
 
 std::string toText(const Bytes &bytes) {
     return std::string(reinterpret_cast<const char *>(bytes.data()), bytes.size());
-}
-
-ProcessDescriptor parseDescriptor(const Bytes &bytes, uint32_t process) {
-    try {
-        const auto j = nlohmann::json::parse(toText(bytes));
-        ProcessDescriptor d;
-        d.ranks = j.at("ranks").get<uint32_t>();
-        d.plugins = j.at("plugins").get<std::vector<std::string>>();
-        d.collectives = j.at("collectives").get<std::vector<bool>>();
-        d.forceStaged = j.at("force_staged").get<bool>();
-        if (d.plugins.size() != d.ranks || d.collectives.size() != d.ranks || d.ranks == 0)
-            throw std::runtime_error("inconsistent rank lists");
-        return d;
-    } catch (const std::exception &e) {
-        throw Error(ErrorCode::InvalidArgument,
-                    "Communicator::create: process " + std::to_string(process) +
-                        " sent a malformed description of its ranks (" + e.what() +
-                        "); every process must run the same backplane version");
-    }
 }
 
 /// Joins `comms[i]` for every local server concurrently (a plugin's comm_create returns once
@@ -311,28 +285,58 @@ Communicator Communicator::create(std::vector<ComputeClient> devices, Rendezvous
                                       [] { return std::optional<ComputeClient>(); });
 }
 
+namespace detail {
+namespace {
+
+/// Whether the staged path between processes can run on `device`: it moves host memory, so a
+/// CPU device, with a collective engine (the host plugin's Gloo). `asyncStreams`: only one whose
+/// streams are asynchronous, as the engine choice counts a rank's collectives (a sync-mode host
+/// device has no Gloo there).
+bool carriesProcesses(const DeviceInfo &device, bool asyncStreams) {
+    return device.type == DeviceType::Cpu &&
+           (device.capabilities & BP_CAPABILITY_COLLECTIVES) != 0 &&
+           (!asyncStreams || (device.capabilities & BP_CAPABILITY_ASYNC_STREAMS) != 0);
+}
+
+/// One of `given` that carriesProcesses, else the first such device of `runtime`, opened.
+ComputeClient openProcessCarrier(const Runtime &runtime, const std::vector<ComputeClient> &given) {
+    for (const ComputeClient &c : given)
+        if (carriesProcesses(c.device(), true)) return c;
+    std::string why;
+    for (const PhysicalDevice &physical : runtime.devices())
+        for (const DeviceInfo &route : physical.routes) {
+            if (carriesProcesses(route, false)) {
+                try {
+                    return runtime.open(runtime.select(route.id()));
+                } catch (const Error &e) {
+                    throw Error(ErrorCode::Unsupported,
+                                "Communicator::create: the staged path between processes runs on "
+                                "the collectives of " + route.id() + " (" + route.collectives +
+                                    "), and it could not be opened: " + std::string(e.what()));
+                }
+            }
+            if (route.type == DeviceType::Cpu)
+                why += (why.empty() ? "" : "; ") + route.id() + " has none (" +
+                       (route.collectives.empty() ? std::string("no engine named")
+                                                  : route.collectives) + ")";
+        }
+    invalid("Communicator::create",
+            "the staged path between processes needs the collectives of a CPU device (the host "
+            "plugin's Gloo), and " + (why.empty() ? std::string("there is no CPU device") : why));
+}
+
+} // namespace
+} // namespace detail
+
 Communicator Communicator::create(const Runtime &runtime, std::vector<ComputeClient> devices,
                                   Rendezvous &rendezvous, CommunicatorOptions options) {
     const std::vector<ComputeClient> given = devices;
-    return createWith(
-        std::move(devices), rendezvous, std::move(options),
-        [&]() -> std::optional<ComputeClient> {
-            // Reuse one of the devices when it is a host-plugin one, else open the host plugin's.
-            // (Only one whose streams are asynchronous: a sync-mode host device has no Gloo.)
-            for (const ComputeClient &c : given)
-                if (c.device().backend == "host" &&
-                    (c.device().capabilities & BP_CAPABILITY_ASYNC_STREAMS) != 0 &&
-                    (c.device().capabilities & BP_CAPABILITY_COLLECTIVES) != 0)
-                    return c;
-            try {
-                return runtime.open(runtime.select("host"));
-            } catch (const Error &e) {
-                throw Error(ErrorCode::Unsupported,
-                            "Communicator::create: the staged path between processes runs on "
-                            "the host plugin's Gloo, and its device could not be opened: " +
-                                std::string(e.what()));
-            }
-        });
+    // Chosen by what a device can do, not by its plugin's name: an out-of-tree CPU plugin with
+    // collectives serves as well as the host plugin.
+    return createWith(std::move(devices), rendezvous, std::move(options),
+                      [&]() -> std::optional<ComputeClient> {
+                          return detail::openProcessCarrier(runtime, given);
+                      });
 }
 
 Communicator Communicator::createWith(
@@ -355,23 +359,39 @@ Communicator Communicator::createWith(
     s->processCount = rendezvous.processCount();
 
     // Step 1: every process says what its ranks are; all choose the same engine from that.
-    nlohmann::json mine = {{"ranks", devices.size()},
-                           {"plugins", nlohmann::json::array()},
-                           {"collectives", nlohmann::json::array()},
-                           {"force_staged", options.forceStaged}};
+    detail::PeerDescription mine;
+    mine.ranks = static_cast<uint32_t>(devices.size());
+    mine.forceStaged = options.forceStaged;
     for (const auto &server : s->servers) {
-        mine["plugins"].push_back(server->info().backend);
-        mine["collectives"].push_back(server->asyncStreams() && server->driver().hasCollectives());
+        mine.plugins.push_back(server->info().backend);
+        mine.collectives.push_back(server->asyncStreams() && server->driver().hasCollectives());
     }
-    const std::vector<Bytes> all = rendezvous.allGather(detail::toBytes(mine.dump()), options.timeout);
+    if (mine.ranks > detail::kMaxRanksPerProcess)
+        detail::invalid("Communicator::create",
+                        std::to_string(devices.size()) +
+                            " devices; one process may bring at most " +
+                            std::to_string(detail::kMaxRanksPerProcess));
+    const Bytes sent = detail::toBytes(detail::writePeerDescription(mine));
+    const std::vector<Bytes> all = rendezvous.allGather(sent, options.timeout);
     if (all.size() != s->processCount)
         detail::invalid("Communicator::create", "the rendezvous returned " +
                                                     std::to_string(all.size()) + " answers for " +
                                                     std::to_string(s->processCount) + " processes");
+    // Another description under this process's index would give its ranks other numbers here
+    // than the others give them.
+    if (all[s->process] != sent)
+        throw Error(ErrorCode::Remote,
+                    "Communicator::create: the rendezvous returned other bytes as the description "
+                    "of this process's (" + std::to_string(s->process) + ") ranks than it sent; "
+                    "the rendezvous is broken");
     bool native = true;
     std::string plugin;
     for (uint32_t p = 0; p < s->processCount; ++p) {
-        const detail::ProcessDescriptor d = detail::parseDescriptor(all[p], p);
+        const detail::PeerDescription d = detail::parsePeerDescription(detail::toText(all[p]), p);
+        if (uint64_t{s->worldSize} + d.ranks > UINT32_MAX)
+            throw Error(ErrorCode::Remote, "Communicator::create: processes 0 to " +
+                                               std::to_string(p) + " describe more than " +
+                                               std::to_string(UINT32_MAX) + " ranks");
         if (p == s->process) s->firstRank = s->worldSize;
         for (uint32_t r = 0; r < d.ranks; ++r) {
             s->processOfRank.push_back(p);
