@@ -8,7 +8,7 @@
 #include "../test_skip.hpp"
 #include "plugin/plugin_library.hpp"
 
-#include <backplane/abi/plugin_sdk.hpp>
+#include <backplane/abi/caller.hpp>
 #include <backplane/log.hpp>
 
 #include <algorithm>
@@ -24,7 +24,7 @@
 #include <vector>
 
 using backplane::detail::PluginLibrary;
-using backplane::sdk::makeStruct;
+namespace abi = backplane::abi;
 
 namespace {
 
@@ -65,7 +65,7 @@ std::shared_ptr<PluginLibrary> openPlugin(const std::string &options = "{}") {
 /// Fails the current test with the plugin's message when a call does not succeed.
 #define VK_OK(call)                                                                                \
     do {                                                                                           \
-        bp_error error_ = backplane::detail::makeError();                                          \
+        auto error_ = abi::make<bp_error>();                                                       \
         bp_error *err = &error_;                                                                   \
         const bp_status status_ = (call);                                                          \
         INFO(#call << ": " << error_.message);                                                     \
@@ -76,54 +76,54 @@ std::shared_ptr<PluginLibrary> openPlugin(const std::string &options = "{}") {
 struct Device {
     std::shared_ptr<PluginLibrary> plugin;
     const bp_plugin_api *api = nullptr;
-    bp_device *device = nullptr;
+    abi::Owned<bp_device> device; // device_close when the Device goes
     bp_device_info info{};
 
     explicit Device(std::shared_ptr<PluginLibrary> p) : plugin(std::move(p)), api(&plugin->api()) {
         info = plugin->deviceInfo(0);
-        const auto args = makeStruct<bp_device_open_args>();
-        VK_OK(api->device_open(plugin->instance(), 0, &args, &device, err));
+        const auto args = abi::make<bp_device_open_args>();
+        bp_device *opened = nullptr;
+        VK_OK(api->device_open(plugin->instance(), 0, &args, &opened, err));
+        device = abi::Owned<bp_device>(*api, opened);
         const bool hasGraphs =
             api->struct_size >= offsetof(bp_plugin_api, graph_release) + sizeof(void *) &&
             api->graph_create != nullptr && api->graph_launch != nullptr &&
             api->graph_release != nullptr;
         REQUIRE(hasGraphs);
     }
-    ~Device() { api->device_close(device); }
 
     bp_memory *allocate(uint64_t size, bp_memory_kind kind = BP_MEMORY_DEVICE,
                         void **mapped = nullptr) {
-        auto args = makeStruct<bp_memory_allocate_args>();
+        auto args = abi::make<bp_memory_allocate_args>();
         args.kind = kind;
         args.size = size;
         bp_memory *memory = nullptr;
         void *m = nullptr;
-        VK_OK(api->memory_allocate(device, &args, &memory, &m, err));
+        VK_OK(api->memory_allocate(device.get(), &args, &memory, &m, err));
         if (mapped) *mapped = m;
         return memory;
     }
-    void free(bp_memory *memory) { api->memory_free(device, memory); }
+    void free(bp_memory *memory) { api->memory_free(device.get(), memory); }
     bp_stream *stream() {
-        const auto args = makeStruct<bp_stream_create_args>();
+        const auto args = abi::make<bp_stream_create_args>();
         bp_stream *s = nullptr;
-        VK_OK(api->stream_create(device, &args, &s, err));
+        VK_OK(api->stream_create(device.get(), &args, &s, err));
         return s;
     }
-    void destroy(bp_stream *s) { api->stream_destroy(device, s); }
+    void destroy(bp_stream *s) { api->stream_destroy(device.get(), s); }
     bp_event *flush(bp_stream *s) {
-        const auto args = makeStruct<bp_flush_args>();
+        const auto args = abi::make<bp_flush_args>();
         bp_event *event = nullptr;
-        VK_OK(api->stream_flush(device, s, &args, &event, err));
+        VK_OK(api->stream_flush(device.get(), s, &args, &event, err));
         return event;
     }
-    void wait(bp_event *event) { VK_OK(api->event_wait(device, event, UINT64_MAX, err)); }
+    void wait(bp_event *event) { VK_OK(api->event_wait(device.get(), event, UINT64_MAX, err)); }
     void sync(bp_stream *s) {
-        bp_event *event = flush(s);
-        wait(event);
-        api->event_release(device, event);
+        const abi::Owned<bp_event> event(*api, device.get(), flush(s));
+        wait(event.get());
     }
     bp_kernel *kernel(const std::string &glsl, const char *entry) {
-        auto args = makeStruct<bp_kernel_compile_args>();
+        auto args = abi::make<bp_kernel_compile_args>();
         args.dialect = BP_DIALECT_GLSL;
         args.entry_point = entry;
         args.source = glsl.data();
@@ -134,26 +134,26 @@ struct Device {
                            const auto *bytes = static_cast<const unsigned char *>(data);
                            out->insert(out->end(), bytes, bytes + size);
                        }};
-        VK_OK(api->kernel_compile(device, &args, err));
-        auto load = makeStruct<bp_kernel_load_args>();
+        VK_OK(api->kernel_compile(device.get(), &args, err));
+        auto load = abi::make<bp_kernel_load_args>();
         load.dialect = BP_DIALECT_GLSL;
         load.entry_point = entry;
         load.binary = binary.data();
         load.binary_size = binary.size();
         bp_kernel *k = nullptr;
-        VK_OK(api->kernel_load(device, &load, &k, err));
+        VK_OK(api->kernel_load(device.get(), &load, &k, err));
         return k;
     }
-    void release(bp_kernel *k) { api->kernel_release(device, k); }
+    void release(bp_kernel *k) { api->kernel_release(device.get(), k); }
     /// Reads a whole device buffer of uints (its own stream, synchronously).
     std::vector<uint32_t> download(bp_memory *memory, uint32_t count) {
         bp_stream *s = stream();
         std::vector<uint32_t> out(count);
-        auto args = makeStruct<bp_copy_device_to_host_args>();
+        auto args = abi::make<bp_copy_device_to_host_args>();
         args.src = memory;
         args.dst = out.data();
         args.size = count * 4ull;
-        VK_OK(api->copy_device_to_host(device, s, &args, err));
+        VK_OK(api->copy_device_to_host(device.get(), s, &args, err));
         sync(s);
         destroy(s);
         return out;
@@ -197,7 +197,7 @@ struct StepLaunch {
     StepLaunch(bp_kernel *kernel, bp_memory *x, bp_memory *y, uint32_t n, uint32_t scale,
                uint32_t add)
         : bindings{{x, 0, n * 4ull}, {y, 0, n * 4ull}}, scalars{n, scale, add},
-          args(makeStruct<bp_launch_args>()) {
+          args(abi::make<bp_launch_args>()) {
         args.kernel = kernel;
         args.grid[0] = (n + kBlock - 1) / kBlock;
         args.grid[1] = args.grid[2] = 1;
@@ -213,14 +213,14 @@ struct StepLaunch {
 };
 
 bp_copy_host_to_device_args toDevice(const void *src, bp_memory *dst, uint64_t size) {
-    auto args = makeStruct<bp_copy_host_to_device_args>();
+    auto args = abi::make<bp_copy_host_to_device_args>();
     args.src = src;
     args.dst = dst;
     args.size = size;
     return args;
 }
 bp_copy_device_to_host_args toHost(bp_memory *src, void *dst, uint64_t size) {
-    auto args = makeStruct<bp_copy_device_to_host_args>();
+    auto args = abi::make<bp_copy_device_to_host_args>();
     args.src = src;
     args.dst = dst;
     args.size = size;
@@ -228,7 +228,7 @@ bp_copy_device_to_host_args toHost(bp_memory *src, void *dst, uint64_t size) {
 }
 bp_copy_device_to_device_args copyArgs(bp_memory *src, uint64_t srcOffset, bp_memory *dst,
                                        uint64_t dstOffset, uint64_t size) {
-    auto args = makeStruct<bp_copy_device_to_device_args>();
+    auto args = abi::make<bp_copy_device_to_device_args>();
     args.src = src;
     args.src_offset = srcOffset;
     args.dst = dst;
@@ -237,7 +237,7 @@ bp_copy_device_to_device_args copyArgs(bp_memory *src, uint64_t srcOffset, bp_me
     return args;
 }
 bp_fill_args fillArgs(bp_memory *dst, uint64_t size, uint32_t pattern) {
-    auto args = makeStruct<bp_fill_args>();
+    auto args = abi::make<bp_fill_args>();
     args.dst = dst;
     args.size = size;
     args.pattern = pattern;
@@ -246,31 +246,31 @@ bp_fill_args fillArgs(bp_memory *dst, uint64_t size, uint32_t pattern) {
 
 /// A bp_graph_op naming one argument struct (which must outlive graph_create).
 bp_graph_op graphOp(const bp_launch_args &a) {
-    auto op = makeStruct<bp_graph_op>();
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_LAUNCH;
     op.launch = &a;
     return op;
 }
 bp_graph_op graphOp(const bp_copy_host_to_device_args &a) {
-    auto op = makeStruct<bp_graph_op>();
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_COPY_HOST_TO_DEVICE;
     op.to_device = &a;
     return op;
 }
 bp_graph_op graphOp(const bp_copy_device_to_host_args &a) {
-    auto op = makeStruct<bp_graph_op>();
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_COPY_DEVICE_TO_HOST;
     op.to_host = &a;
     return op;
 }
 bp_graph_op graphOp(const bp_copy_device_to_device_args &a) {
-    auto op = makeStruct<bp_graph_op>();
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_COPY_DEVICE_TO_DEVICE;
     op.copy = &a;
     return op;
 }
 bp_graph_op graphOp(const bp_fill_args &a) {
-    auto op = makeStruct<bp_graph_op>();
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_FILL;
     op.fill = &a;
     return op;
@@ -279,12 +279,12 @@ bp_graph_op graphOp(const bp_fill_args &a) {
 /// graph_create's status and message for `ops`; *out gets the graph on success.
 bp_status createGraph(Device &d, const std::vector<bp_graph_op> &ops, bp_graph **out,
                       std::string &message) {
-    auto args = makeStruct<bp_graph_create_args>();
+    auto args = abi::make<bp_graph_create_args>();
     args.ops = ops.data();
     args.op_count = static_cast<uint32_t>(ops.size());
-    bp_error error = backplane::detail::makeError();
+    auto error = abi::make<bp_error>();
     *out = nullptr;
-    const bp_status status = d.api->graph_create(d.device, &args, out, &error);
+    const bp_status status = d.api->graph_create(d.device.get(), &args, out, &error);
     message = error.message;
     return status;
 }
@@ -321,13 +321,13 @@ struct Buffers {
         bp_stream *s = d.stream();
         for (uint32_t i = 0; i < n; ++i) pinnedIn[i] = i;
         auto up = toDevice(pinnedIn, y, n * 4ull);
-        VK_OK(d.api->copy_host_to_device(d.device, s, &up, err));
+        VK_OK(d.api->copy_host_to_device(d.device.get(), s, &up, err));
         d.sync(s);
         for (uint32_t i = 0; i < n; ++i) pinnedIn[i] = 2 * i + 1;
         up.dst = z;
-        VK_OK(d.api->copy_host_to_device(d.device, s, &up, err));
+        VK_OK(d.api->copy_host_to_device(d.device.get(), s, &up, err));
         const auto zero = fillArgs(x, n * 4ull, 0);
-        VK_OK(d.api->fill(d.device, s, &zero, err));
+        VK_OK(d.api->fill(d.device.get(), s, &zero, err));
         d.sync(s);
         d.destroy(s);
     }
@@ -364,12 +364,12 @@ struct SequenceOps {
     }
     /// The same ops through the ordinary calls.
     void record(Device &d, bp_stream *s) const {
-        VK_OK(d.api->copy_host_to_device(d.device, s, &input, err));
-        VK_OK(d.api->kernel_launch(d.device, s, &first.args, err));
-        VK_OK(d.api->copy_device_to_device(d.device, s, &copy, err));
-        VK_OK(d.api->fill(d.device, s, &fill, err));
-        VK_OK(d.api->kernel_launch(d.device, s, &second.args, err));
-        VK_OK(d.api->copy_device_to_host(d.device, s, &output, err));
+        VK_OK(d.api->copy_host_to_device(d.device.get(), s, &input, err));
+        VK_OK(d.api->kernel_launch(d.device.get(), s, &first.args, err));
+        VK_OK(d.api->copy_device_to_device(d.device.get(), s, &copy, err));
+        VK_OK(d.api->fill(d.device.get(), s, &fill, err));
+        VK_OK(d.api->kernel_launch(d.device.get(), s, &second.args, err));
+        VK_OK(d.api->copy_device_to_host(d.device.get(), s, &output, err));
     }
 };
 
@@ -377,13 +377,13 @@ struct SequenceOps {
 /// it y = 2y + z + r (reads the z of the previous round), after it history[r] = z and x = 0xabc.
 void recordBefore(Device &d, bp_stream *s, Buffers &b, bp_kernel *step, uint32_t round) {
     const StepLaunch before(step, b.z, b.y, b.n, 1, round);
-    VK_OK(d.api->kernel_launch(d.device, s, &before.args, err));
+    VK_OK(d.api->kernel_launch(d.device.get(), s, &before.args, err));
 }
 void recordAfter(Device &d, bp_stream *s, Buffers &b, uint32_t round) {
     const auto save = copyArgs(b.z, 0, b.history, round * b.n * 4ull, b.n * 4ull);
-    VK_OK(d.api->copy_device_to_device(d.device, s, &save, err));
+    VK_OK(d.api->copy_device_to_device(d.device.get(), s, &save, err));
     const auto clobber = fillArgs(b.x, b.n * 4ull, 0xabc);
-    VK_OK(d.api->fill(d.device, s, &clobber, err));
+    VK_OK(d.api->fill(d.device.get(), s, &clobber, err));
 }
 
 /// The host model of x, y, z, history and the output after `rounds` rounds.
@@ -463,15 +463,15 @@ void replayMatchesOrdinaryCalls(const std::string &options) {
     for (uint32_t r = 0; r < rounds; ++r) {
         writeInput(run, r);
         recordBefore(d, s, run, step, r);
-        VK_OK(d.api->graph_launch(d.device, s, graph, err));
+        VK_OK(d.api->graph_launch(d.device.get(), s, graph, err));
         recordAfter(d, s, run, r);
-        if (last != nullptr) d.api->event_release(d.device, last);
+        if (last != nullptr) d.api->event_release(d.device.get(), last);
         last = d.flush(s);
         d.wait(last);
     }
     // Released right after the last launch's event completed, as the core does.
-    d.api->graph_release(d.device, graph);
-    d.api->event_release(d.device, last);
+    d.api->graph_release(d.device.get(), graph);
+    d.api->event_release(d.device.get(), last);
     d.destroy(s);
 
     std::vector<uint32_t> refOut(ref.pinnedOut, ref.pinnedOut + n);
@@ -495,7 +495,7 @@ std::string firstMessage(Device &d, const std::vector<bp_graph_op> &ops, bp_stat
     INFO(message);
     CHECK(status == expected);
     CHECK(graph == nullptr);
-    if (graph != nullptr) d.api->graph_release(d.device, graph);
+    if (graph != nullptr) d.api->graph_release(d.device.get(), graph);
     return message;
 }
 
@@ -526,7 +526,7 @@ TEST_CASE("two streams launch one graph while its first launch is still pending,
     Buffers b(d, n, 1);
 
     const bp_binding gateBinding{gateMemory, 0, 8};
-    auto gateLaunch = makeStruct<bp_launch_args>();
+    auto gateLaunch = abi::make<bp_launch_args>();
     gateLaunch.kernel = gate;
     gateLaunch.grid[0] = gateLaunch.grid[1] = gateLaunch.grid[2] = 1;
     gateLaunch.block[0] = gateLaunch.block[1] = gateLaunch.block[2] = 1;
@@ -537,26 +537,26 @@ TEST_CASE("two streams launch one graph while its first launch is still pending,
 
     bp_stream *first = d.stream();
     bp_stream *second = d.stream();
-    VK_OK(d.api->graph_launch(d.device, first, graph, err));
+    VK_OK(d.api->graph_launch(d.device.get(), first, graph, err));
     bp_event *firstDone = d.flush(first);
-    VK_OK(d.api->stream_wait_event(d.device, second, firstDone, err));
-    VK_OK(d.api->graph_launch(d.device, second, graph, err));
+    VK_OK(d.api->stream_wait_event(d.device.get(), second, firstDone, err));
+    VK_OK(d.api->graph_launch(d.device.get(), second, graph, err));
     bp_event *secondDone = d.flush(second);
     // The window this test is about: the command buffer was submitted again while pending.
-    bp_error error = backplane::detail::makeError();
-    CHECK(d.api->event_query(d.device, firstDone, &error) == BP_ERROR_NOT_READY);
+    auto error = abi::make<bp_error>();
+    CHECK(d.api->event_query(d.device.get(), firstDone, &error) == BP_ERROR_NOT_READY);
     reinterpret_cast<std::atomic<uint32_t> *>(gateHost)->store(1); // open
     d.wait(secondDone);
-    d.api->graph_release(d.device, graph);
-    CHECK(d.api->event_query(d.device, firstDone, &error) == BP_SUCCESS);
+    d.api->graph_release(d.device.get(), graph);
+    CHECK(d.api->event_query(d.device.get(), firstDone, &error) == BP_SUCCESS);
     CHECK(gateWords[1] < kGateLimit); // the gate opened; it did not time out
 
     std::vector<uint32_t> expected(n);
     for (uint32_t i = 0; i < n; ++i) expected[i] = (i * 2 + (2 * i + 1) + 1) * 2 + (2 * i + 1) + 1;
     checkEqual("y after two launches", d.download(b.y, n), expected);
 
-    d.api->event_release(d.device, firstDone);
-    d.api->event_release(d.device, secondDone);
+    d.api->event_release(d.device.get(), firstDone);
+    d.api->event_release(d.device.get(), secondDone);
     d.destroy(first);
     d.destroy(second);
     d.free(gateMemory);
@@ -582,13 +582,13 @@ TEST_CASE("an indirect dispatch in a graph reads its grid at each replay") {
     for (uint32_t blocks : {4u, 16u, 0u}) {
         const uint32_t dims[3] = {blocks, 1, 1};
         const auto write = toDevice(dims, grid, sizeof dims);
-        VK_OK(d.api->copy_host_to_device(d.device, s, &write, err));
-        VK_OK(d.api->graph_launch(d.device, s, graph, err));
+        VK_OK(d.api->copy_host_to_device(d.device.get(), s, &write, err));
+        VK_OK(d.api->graph_launch(d.device.get(), s, graph, err));
         for (uint32_t i = 0; i < std::min(n, blocks * kBlock); ++i)
             expected[i] = expected[i] * 2 + 1;
     }
     d.sync(s);
-    d.api->graph_release(d.device, graph);
+    d.api->graph_release(d.device.get(), graph);
     checkEqual("y", d.download(b.y, n), expected);
     d.destroy(s);
     d.free(grid);
@@ -632,10 +632,10 @@ TEST_CASE("graph ops are checked like the ordinary calls, naming the op") {
     if (d.api->graph_update != nullptr) {
         const StepLaunch changed(step, b.x, b.y, n, 2, 2);
         const bp_graph_op op = graphOp(changed.args);
-        bp_error error = backplane::detail::makeError();
-        CHECK(d.api->graph_update(d.device, graph, 0, &op, &error) == BP_ERROR_UNSUPPORTED);
+        auto error = abi::make<bp_error>();
+        CHECK(d.api->graph_update(d.device.get(), graph, 0, &op, &error) == BP_ERROR_UNSUPPORTED);
     }
-    d.api->graph_release(d.device, graph); // never launched
+    d.api->graph_release(d.device.get(), graph); // never launched
     d.release(step);
 }
 

@@ -7,7 +7,7 @@
 #include "../test_skip.hpp"
 #include "plugin/plugin_library.hpp"
 
-#include <backplane/abi/plugin_sdk.hpp>
+#include <backplane/abi/caller.hpp>
 #include <backplane/log.hpp>
 
 #include <vulkan/vulkan.h>
@@ -32,7 +32,7 @@
 
 namespace fs = std::filesystem;
 using backplane::detail::PluginLibrary;
-using backplane::sdk::makeStruct;
+namespace abi = backplane::abi;
 
 namespace {
 
@@ -114,7 +114,7 @@ std::shared_ptr<PluginLibrary> openPlugin(const std::string &cacheDir = {},
 /// Fails the current test with the plugin's message when a call does not succeed.
 #define VK_OK(call)                                                                                \
     do {                                                                                           \
-        bp_error error_ = backplane::detail::makeError();                                          \
+        auto error_ = abi::make<bp_error>();                                                       \
         bp_error *err = &error_;                                                                   \
         const bp_status status_ = (call);                                                          \
         INFO(#call << ": " << error_.message);                                                     \
@@ -125,85 +125,85 @@ std::shared_ptr<PluginLibrary> openPlugin(const std::string &cacheDir = {},
 struct Device {
     std::shared_ptr<PluginLibrary> plugin;
     const bp_plugin_api *api = nullptr;
-    bp_device *device = nullptr;
+    abi::Owned<bp_device> device; // device_close when the Device goes
     bp_device_info info{};
 
     explicit Device(std::shared_ptr<PluginLibrary> p) : plugin(std::move(p)), api(&plugin->api()) {
         info = plugin->deviceInfo(0);
-        const auto args = makeStruct<bp_device_open_args>();
-        VK_OK(api->device_open(plugin->instance(), 0, &args, &device, err));
+        const auto args = abi::make<bp_device_open_args>();
+        bp_device *opened = nullptr;
+        VK_OK(api->device_open(plugin->instance(), 0, &args, &opened, err));
+        device = abi::Owned<bp_device>(*api, opened);
     }
-    ~Device() { api->device_close(device); }
 
     bp_memory *allocate(uint64_t size, bp_memory_kind kind = BP_MEMORY_DEVICE,
                         void **mapped = nullptr) {
-        auto args = makeStruct<bp_memory_allocate_args>();
+        auto args = abi::make<bp_memory_allocate_args>();
         args.kind = kind;
         args.size = size;
         bp_memory *memory = nullptr;
         void *m = nullptr;
-        VK_OK(api->memory_allocate(device, &args, &memory, &m, err));
+        VK_OK(api->memory_allocate(device.get(), &args, &memory, &m, err));
         if (mapped) *mapped = m;
         return memory;
     }
-    void free(bp_memory *memory) { api->memory_free(device, memory); }
+    void free(bp_memory *memory) { api->memory_free(device.get(), memory); }
     bp_stream *stream() {
-        const auto args = makeStruct<bp_stream_create_args>();
+        const auto args = abi::make<bp_stream_create_args>();
         bp_stream *s = nullptr;
-        VK_OK(api->stream_create(device, &args, &s, err));
+        VK_OK(api->stream_create(device.get(), &args, &s, err));
         return s;
     }
-    void destroy(bp_stream *s) { api->stream_destroy(device, s); }
+    void destroy(bp_stream *s) { api->stream_destroy(device.get(), s); }
     bp_event *flush(bp_stream *s, uint32_t flags = 0) {
-        auto args = makeStruct<bp_flush_args>();
+        auto args = abi::make<bp_flush_args>();
         args.flags = flags;
         bp_event *event = nullptr;
-        VK_OK(api->stream_flush(device, s, &args, &event, err));
+        VK_OK(api->stream_flush(device.get(), s, &args, &event, err));
         return event;
     }
     void sync(bp_stream *s) {
-        bp_event *event = flush(s);
-        VK_OK(api->event_wait(device, event, UINT64_MAX, err));
-        api->event_release(device, event);
+        const abi::Owned<bp_event> event(*api, device.get(), flush(s));
+        VK_OK(api->event_wait(device.get(), event.get(), UINT64_MAX, err));
     }
     void write(bp_stream *s, bp_memory *dst, uint64_t offset, const void *src, uint64_t size) {
-        auto args = makeStruct<bp_copy_host_to_device_args>();
+        auto args = abi::make<bp_copy_host_to_device_args>();
         args.src = src;
         args.dst = dst;
         args.dst_offset = offset;
         args.size = size;
-        VK_OK(api->copy_host_to_device(device, s, &args, err));
+        VK_OK(api->copy_host_to_device(device.get(), s, &args, err));
     }
     void read(bp_stream *s, bp_memory *src, uint64_t offset, void *dst, uint64_t size) {
-        auto args = makeStruct<bp_copy_device_to_host_args>();
+        auto args = abi::make<bp_copy_device_to_host_args>();
         args.src = src;
         args.src_offset = offset;
         args.dst = dst;
         args.size = size;
-        VK_OK(api->copy_device_to_host(device, s, &args, err));
+        VK_OK(api->copy_device_to_host(device.get(), s, &args, err));
     }
     void copy(bp_stream *s, bp_memory *src, uint64_t srcOffset, bp_memory *dst, uint64_t dstOffset,
               uint64_t size) {
-        auto args = makeStruct<bp_copy_device_to_device_args>();
+        auto args = abi::make<bp_copy_device_to_device_args>();
         args.src = src;
         args.src_offset = srcOffset;
         args.dst = dst;
         args.dst_offset = dstOffset;
         args.size = size;
-        VK_OK(api->copy_device_to_device(device, s, &args, err));
+        VK_OK(api->copy_device_to_device(device.get(), s, &args, err));
     }
     void fill(bp_stream *s, bp_memory *dst, uint64_t offset, uint64_t size, uint32_t pattern) {
-        auto args = makeStruct<bp_fill_args>();
+        auto args = abi::make<bp_fill_args>();
         args.dst = dst;
         args.offset = offset;
         args.size = size;
         args.pattern = pattern;
-        VK_OK(api->fill(device, s, &args, err));
+        VK_OK(api->fill(device.get(), s, &args, err));
     }
     /// Compiles; returns the status, the blob and the log.
     bp_status compile(bp_dialect dialect, const std::string &source, const char *entry,
                       std::vector<unsigned char> &binary, std::string &log, bp_error &error) {
-        auto args = makeStruct<bp_kernel_compile_args>();
+        auto args = abi::make<bp_kernel_compile_args>();
         args.dialect = dialect;
         args.entry_point = entry;
         args.source = source.data();
@@ -217,8 +217,8 @@ struct Device {
                         static_cast<std::string *>(user)->append(static_cast<const char *>(data),
                                                                  size);
                     }};
-        error = backplane::detail::makeError();
-        return api->kernel_compile(device, &args, &error);
+        error = abi::make<bp_error>();
+        return api->kernel_compile(device.get(), &args, &error);
     }
     bp_kernel *kernel(const std::string &glsl, const char *entry = "main") {
         std::vector<unsigned char> binary;
@@ -227,18 +227,18 @@ struct Device {
         const bp_status status = compile(BP_DIALECT_GLSL, glsl, entry, binary, log, error);
         INFO(error.message);
         REQUIRE(status == BP_SUCCESS);
-        auto args = makeStruct<bp_kernel_load_args>();
+        auto args = abi::make<bp_kernel_load_args>();
         args.dialect = BP_DIALECT_GLSL;
         args.entry_point = entry;
         args.binary = binary.data();
         args.binary_size = binary.size();
         bp_kernel *k = nullptr;
-        VK_OK(api->kernel_load(device, &args, &k, err));
+        VK_OK(api->kernel_load(device.get(), &args, &k, err));
         return k;
     }
     bp_status launch(bp_stream *s, const bp_launch_args &args, bp_error &error) {
-        error = backplane::detail::makeError();
-        return api->kernel_launch(device, s, &args, &error);
+        error = abi::make<bp_error>();
+        return api->kernel_launch(device.get(), s, &args, &error);
     }
 };
 
@@ -267,7 +267,7 @@ void main() {
 
 bp_launch_args launchArgs(bp_kernel *kernel, const bp_binding *bindings, uint32_t count,
                           const void *scalars, size_t scalarSize, uint32_t grid, uint32_t block) {
-    auto args = makeStruct<bp_launch_args>();
+    auto args = abi::make<bp_launch_args>();
     args.kernel = kernel;
     args.grid[0] = grid;
     args.grid[1] = args.grid[2] = 1;
@@ -317,7 +317,7 @@ void runAxpb(Device &d) {
         d.sync(s);
         for (uint32_t i = 0; i < n; ++i) REQUIRE(output[i] == input[i] * 3 + 5);
     }
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     d.free(page);
     d.destroy(s);
 }
@@ -352,9 +352,8 @@ TEST_CASE("probe reports the lavapipe device with identity, limits and capabilit
         CHECK(info.type == BP_DEVICE_TYPE_CPU);
         CHECK((info.capabilities & BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY) != 0);
     }
-    bp_device_info missing{};
-    missing.struct_size = sizeof missing;
-    bp_error error = backplane::detail::makeError();
+    auto missing = abi::make<bp_device_info>();
+    auto error = abi::make<bp_error>();
     CHECK(plugin->api().device_info(plugin->instance(), 99, &missing, &error) ==
           BP_ERROR_NOT_FOUND);
 }
@@ -395,13 +394,13 @@ TEST_CASE("copies round-trip with odd sizes and offsets through pinned and pagea
     d.read(s, page, 100003, back, sizeof text);
     d.sync(s);
     CHECK(std::string(back) == text);
-    auto args = makeStruct<bp_copy_host_to_device_args>();
+    auto args = abi::make<bp_copy_host_to_device_args>();
     args.src = text;
     args.dst = page;
     args.dst_offset = (1 << 20) - 2;
     args.size = sizeof text;
-    bp_error error = backplane::detail::makeError();
-    CHECK(d.api->copy_host_to_device(d.device, s, &args, &error) == BP_ERROR_INVALID_ARGUMENT);
+    auto error = abi::make<bp_error>();
+    CHECK(d.api->copy_host_to_device(d.device.get(), s, &args, &error) == BP_ERROR_INVALID_ARGUMENT);
     d.free(pinned);
     d.free(page);
     d.destroy(s);
@@ -418,12 +417,12 @@ TEST_CASE("fill writes a pattern into a sub-range only") {
     d.sync(s);
     for (size_t i = 0; i < back.size(); ++i)
         REQUIRE(back[i] == (i >= 16 && i < 48 ? 0xdeadbeefu : 0u));
-    auto args = makeStruct<bp_fill_args>();
+    auto args = abi::make<bp_fill_args>();
     args.dst = page;
     args.offset = 2;
     args.size = 8;
-    bp_error error = backplane::detail::makeError();
-    CHECK(d.api->fill(d.device, s, &args, &error) == BP_ERROR_INVALID_ARGUMENT);
+    auto error = abi::make<bp_error>();
+    CHECK(d.api->fill(d.device.get(), s, &args, &error) == BP_ERROR_INVALID_ARGUMENT);
     d.free(page);
     d.destroy(s);
 }
@@ -490,15 +489,15 @@ TEST_CASE("SPIR-V input is validated: garbage is rejected, a real module passes 
     CHECK(std::string(error.message).find("magic") != std::string::npos);
     CHECK(d.compile(BP_DIALECT_SPIRV, std::string(30, '\0'), "main", binary, log, error) ==
           BP_ERROR_INVALID_ARGUMENT);
-    auto load = makeStruct<bp_kernel_load_args>();
+    auto load = abi::make<bp_kernel_load_args>();
     const uint32_t garbage[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     load.dialect = BP_DIALECT_SPIRV;
     load.entry_point = "main";
     load.binary = garbage;
     load.binary_size = sizeof garbage;
     bp_kernel *k = nullptr;
-    error = backplane::detail::makeError();
-    CHECK(d.api->kernel_load(d.device, &load, &k, &error) == BP_ERROR_INVALID_ARGUMENT);
+    error = abi::make<bp_error>();
+    CHECK(d.api->kernel_load(d.device.get(), &load, &k, &error) == BP_ERROR_INVALID_ARGUMENT);
 
     std::vector<unsigned char> spirv;
     REQUIRE(d.compile(BP_DIALECT_GLSL, kIncrement, "main", spirv, log, error) == BP_SUCCESS);
@@ -529,7 +528,7 @@ TEST_CASE("more commands than the batch bound run in order with correct results"
     for (uint32_t v : back) REQUIRE(v == static_cast<uint32_t>(times));
     d.free(y);
     d.free(x);
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     d.destroy(s);
 }
 
@@ -544,18 +543,18 @@ TEST_CASE("a stream waits on an event of another stream before it reads the data
     d.fill(producer, x, 0, n * 4, 0);
     increment(d, producer, k, x, n, 50);
     bp_event *done = d.flush(producer);
-    VK_OK(d.api->stream_wait_event(d.device, consumer, done, err));
+    VK_OK(d.api->stream_wait_event(d.device.get(), consumer, done, err));
     d.copy(consumer, x, 0, y, 0, n * 4);
     std::vector<uint32_t> back(n);
     d.read(consumer, y, 0, back.data(), n * 4);
     d.sync(consumer);
-    bp_error error = backplane::detail::makeError();
-    CHECK(d.api->event_query(d.device, done, &error) == BP_SUCCESS);
+    auto error = abi::make<bp_error>();
+    CHECK(d.api->event_query(d.device.get(), done, &error) == BP_SUCCESS);
     for (uint32_t v : back) REQUIRE(v == 50u);
-    d.api->event_release(d.device, done);
+    d.api->event_release(d.device.get(), done);
     d.free(y);
     d.free(x);
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     d.destroy(consumer);
     d.destroy(producer);
 }
@@ -574,20 +573,20 @@ TEST_CASE("timing events measure device time between two flushes") {
     bp_event *start = d.flush(s, BP_FLUSH_TIMING_EVENT);
     increment(d, s, k, x, n, 20);
     bp_event *end = d.flush(s, BP_FLUSH_TIMING_EVENT);
-    VK_OK(d.api->event_wait(d.device, end, UINT64_MAX, err));
+    VK_OK(d.api->event_wait(d.device.get(), end, UINT64_MAX, err));
     uint64_t ns = 0;
-    VK_OK(d.api->event_elapsed_ns(d.device, start, end, &ns, err));
+    VK_OK(d.api->event_elapsed_ns(d.device.get(), start, end, &ns, err));
     MESSAGE("20 increments of 1 MiB: " << ns / 1000.0 << " us of device time");
     CHECK(ns > 0);
     CHECK(ns < 60'000'000'000ull);
     bp_event *plain = d.flush(s);
     uint64_t unused = 0;
-    bp_error error = backplane::detail::makeError();
-    CHECK(d.api->event_elapsed_ns(d.device, start, plain, &unused, &error) ==
+    auto error = abi::make<bp_error>();
+    CHECK(d.api->event_elapsed_ns(d.device.get(), start, plain, &unused, &error) ==
           BP_ERROR_INVALID_ARGUMENT);
-    for (bp_event *e : {start, end, plain}) d.api->event_release(d.device, e);
+    for (bp_event *e : {start, end, plain}) d.api->event_release(d.device.get(), e);
     d.free(x);
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     d.destroy(s);
 }
 
@@ -615,7 +614,7 @@ TEST_CASE("an indirect dispatch reads its grid from a buffer") {
     for (uint32_t v : back) REQUIRE(v == 1u);
     d.free(grid);
     d.free(x);
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     d.destroy(s);
 }
 
@@ -633,7 +632,7 @@ TEST_CASE("launch arguments the device cannot honour are rejected before recordi
     args.block[0] = d.info.max_block_size[0] + 1;
     CHECK(d.launch(s, args, error) == BP_ERROR_LAUNCH);
     d.free(x);
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     d.destroy(s);
 }
 
@@ -642,14 +641,14 @@ namespace {
 /// kernel_load of a blob; returns the status and fills `error`, `out` on success.
 bp_status loadKernel(Device &d, bp_dialect dialect, const std::vector<unsigned char> &binary,
                      const char *entry, bp_kernel *&out, bp_error &error) {
-    auto args = makeStruct<bp_kernel_load_args>();
+    auto args = abi::make<bp_kernel_load_args>();
     args.dialect = dialect;
     args.entry_point = entry;
     args.binary = binary.data();
     args.binary_size = binary.size();
-    error = backplane::detail::makeError();
+    error = abi::make<bp_error>();
     out = nullptr;
-    return d.api->kernel_load(d.device, &args, &out, &error);
+    return d.api->kernel_load(d.device.get(), &args, &out, &error);
 }
 
 /// Compiles GLSL (must succeed) and loads it; returns the load's status.
@@ -730,7 +729,7 @@ TEST_CASE("a launch without the scalars of the shader's push-constant block is r
     for (uint32_t i = 0; i < n; ++i) REQUIRE(output[i] == input[i] * 2 + 1);
     d.free(b);
     d.free(a);
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     d.destroy(s);
 }
 
@@ -775,8 +774,8 @@ TEST_CASE("a launch with fewer bindings than the shader uses is refused naming b
     for (uint32_t v : output) REQUIRE(v == 42u);
     d.free(c);
     d.free(a);
-    d.api->kernel_release(d.device, gap);
-    d.api->kernel_release(d.device, axpb);
+    d.api->kernel_release(d.device.get(), gap);
+    d.api->kernel_release(d.device.get(), axpb);
     d.destroy(s);
 }
 
@@ -808,8 +807,8 @@ TEST_CASE("bindings and scalar bytes beyond what the shader uses are accepted") 
     for (uint32_t v : output) REQUIRE(v == 9u);
     d.free(y);
     d.free(x);
-    d.api->kernel_release(d.device, inc);
-    d.api->kernel_release(d.device, unused);
+    d.api->kernel_release(d.device.get(), inc);
+    d.api->kernel_release(d.device.get(), unused);
     d.destroy(s);
 }
 
@@ -847,7 +846,7 @@ void main() { xs[1].x[0] = 1u; }
     // A module with a valid header and a broken body is refused before the driver sees it.
     std::vector<unsigned char> spirv;
     REQUIRE(loadGlsl(d, kIncrement, "main", k, error, &spirv) == BP_SUCCESS);
-    d.api->kernel_release(d.device, k);
+    d.api->kernel_release(d.device.get(), k);
     std::vector<unsigned char> broken(spirv.begin(), spirv.begin() + 20);
     for (int i = 0; i < 16; ++i) broken.insert(broken.end(), {0xff, 0xff, 0x0f, 0x00});
     CHECK(loadKernel(d, BP_DIALECT_SPIRV, broken, "main", k, error) ==
@@ -881,7 +880,7 @@ int pipelineCacheChild(const std::string &dir, const std::string &mode) {
         increment(d, s, k, x, 64, 1);
         d.sync(s);
         d.free(x);
-        d.api->kernel_release(d.device, k);
+        d.api->kernel_release(d.device.get(), k);
         d.destroy(s);
         if (mode == "vanish") fs::remove_all(dir);
     }
@@ -1038,8 +1037,8 @@ TEST_CASE("narrow barriers and skipped state binds keep every result in order") 
     d.free(z);
     d.free(y);
     d.free(x);
-    d.api->kernel_release(d.device, axpb);
-    d.api->kernel_release(d.device, inc);
+    d.api->kernel_release(d.device.get(), axpb);
+    d.api->kernel_release(d.device.get(), inc);
     d.destroy(s);
 }
 

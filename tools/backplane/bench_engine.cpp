@@ -87,12 +87,11 @@ RawFigures measureRaw(RawPlugin plugin, const DeviceInfo &info, int iterations,
         device.compile(dialect, v->entryPoint,
                        host ? static_cast<const void *>(&hostSource) : v->source.data(),
                        host ? sizeof(hostSource) : v->source.size(), v->options);
-    const RawHandle<bp_kernel> kernel = device.load(dialect, v->entryPoint, compiled);
+    const abi::Owned<bp_kernel> kernel = device.load(dialect, v->entryPoint, compiled);
     const RawMemory buffer = device.allocate(BP_MEMORY_DEVICE, 4096);
-    const RawHandle<bp_stream> a = device.createStream(), b = device.createStream();
+    const abi::Owned<bp_stream> a = device.createStream(), b = device.createStream();
     bp_binding binding{buffer.memory.get(), 0, 4096};
-    bp_launch_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_launch_args>();
     args.kernel = kernel.get();
     args.grid[0] = args.grid[1] = args.grid[2] = 1;
     args.block[0] = 64;
@@ -109,7 +108,7 @@ RawFigures measureRaw(RawPlugin plugin, const DeviceInfo &info, int iterations,
         const auto start = Clock::now();
         for (int i = 0; i < iterations; ++i) {
             device.launch(a.get(), args);
-            const RawHandle<bp_event> e = device.flush(a.get());
+            const abi::Owned<bp_event> e = device.flush(a.get());
             device.waitEvent(b.get(), e.get());
             device.launch(b.get(), args);
         }

@@ -83,7 +83,7 @@ void sweepDevice(const Runtime &runtime, const DeviceInfo &info, const BenchOpti
     double pinnedWrite = 0, pinnedRead = 0, pageableWrite = 0, pageableRead = 0;
     {
         const RawDevice raw(openRawPlugin(runtime, info), info.index);
-        const RawHandle<bp_stream> stream = raw.createStream();
+        const abi::Owned<bp_stream> stream = raw.createStream();
         const RawMemory dst = raw.allocate(BP_MEMORY_DEVICE, bytes);
         const RawMemory pinned = raw.allocate(BP_MEMORY_PINNED_HOST, bytes);
         std::vector<unsigned char> pageable(bytes, 1);

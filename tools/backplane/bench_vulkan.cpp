@@ -8,7 +8,7 @@
 #include "bench.hpp"
 #include "raw_device.hpp"
 
-#include <backplane/abi/plugin_sdk.hpp>
+#include <backplane/abi/caller.hpp>
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>
@@ -38,7 +38,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using sdk::makeStruct;
 
 // The plugin submits a stream's batch every this many commands (VulkanStream::kBatchBound).
 constexpr uint32_t kPluginBatchBound = 64;
@@ -97,14 +96,14 @@ std::vector<unsigned char> compileGlsl(const RawDevice &plugin, const char *sour
     return plugin.compile(BP_DIALECT_GLSL, name, source, std::strlen(source));
 }
 
-RawHandle<bp_kernel> loadSpirv(const RawDevice &plugin, const std::vector<unsigned char> &spirv) {
+abi::Owned<bp_kernel> loadSpirv(const RawDevice &plugin, const std::vector<unsigned char> &spirv) {
     return plugin.load(BP_DIALECT_SPIRV, "main", spirv);
 }
 
 /// One launch of a kernel whose push constant is `n`, on a 1-D grid.
 void launch(const RawDevice &plugin, bp_stream *s, bp_kernel *kernel, const bp_binding *bindings,
             uint32_t count, uint32_t n, uint32_t grid, uint32_t block) {
-    auto args = makeStruct<bp_launch_args>();
+    auto args = abi::make<bp_launch_args>();
     args.kernel = kernel;
     args.grid[0] = grid;
     args.grid[1] = args.grid[2] = 1;
@@ -474,8 +473,8 @@ void run(const BenchOptions &options, BenchRows &rows) {
 
         double runtimeTrip = 0, runtimeBatch = 0;
         {
-            const RawHandle<bp_stream> stream = plugin.createStream();
-            const RawHandle<bp_kernel> kernel = loadSpirv(plugin, incrementSpirv);
+            const abi::Owned<bp_stream> stream = plugin.createStream();
+            const abi::Owned<bp_kernel> kernel = loadSpirv(plugin, incrementSpirv);
             const RawMemory x = plugin.allocate(BP_MEMORY_DEVICE, n * 4);
             bp_stream *s = stream.get();
             bp_kernel *k = kernel.get();
@@ -543,7 +542,7 @@ void run(const BenchOptions &options, BenchRows &rows) {
             const int copies = options.quick ? 2 : 5;
             double runtimeCopy = 0;
             {
-                const RawHandle<bp_stream> s = plugin.createStream();
+                const abi::Owned<bp_stream> s = plugin.createStream();
                 const RawMemory a = plugin.allocate(BP_MEMORY_DEVICE, size);
                 const RawMemory b = plugin.allocate(BP_MEMORY_DEVICE, size);
                 runtimeCopy = best(copies, [&] {
@@ -592,14 +591,14 @@ void run(const BenchOptions &options, BenchRows &rows) {
         const auto warmupSpirv = compileGlsl(plugin, warmupSource.c_str(), "warmup");
         auto createThroughPlugin = [&] {
             const RawDevice side(RawPlugin::open(manifest, {.cacheDir = dir}), 0);
-            const RawHandle<bp_stream> s = side.createStream();
+            const abi::Owned<bp_stream> s = side.createStream();
             const RawMemory x = side.allocate(BP_MEMORY_DEVICE, 256);
             const bp_binding binding{x.memory.get(), 0, 256};
-            const RawHandle<bp_kernel> warmup = loadSpirv(side, warmupSpirv);
+            const abi::Owned<bp_kernel> warmup = loadSpirv(side, warmupSpirv);
             launch(side, s.get(), warmup.get(), &binding, 1, 64, 1, 64);
             // kernel_load + the first launch, which creates the pipeline (nothing executes yet).
             const auto start = Clock::now();
-            const RawHandle<bp_kernel> k = loadSpirv(side, incrementSpirv);
+            const abi::Owned<bp_kernel> k = loadSpirv(side, incrementSpirv);
             launch(side, s.get(), k.get(), &binding, 1, 64, 1, 64);
             const double seconds = secondsSince(start);
             side.sync(s.get());

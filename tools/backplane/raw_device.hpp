@@ -2,53 +2,25 @@
 #pragma once
 
 // The benchmarks' "raw" side calls the plugin's C table with nothing in between: no pools, no
-// alignment, no scheduler. This wrapper only checks each status (through throwIfFailed, so a
-// failure reads like the runtime's) and releases every handle once, before the device closes.
+// alignment, no scheduler. This wrapper only checks each status (abi::throwStatus, so a failure
+// reads like the runtime's) and hands out abi::Owned handles, each released once. Declare them
+// after the RawDevice they come from, so they go before the device closes.
 
-#include <backplane/abi/plugin_sdk.hpp>
+#include <backplane/abi/caller.hpp>
 #include <backplane/error.hpp>
 #include <backplane/raw_plugin.hpp>
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace backplane::tool {
 
-class RawDevice;
-
-/// Owns one handle of a RawDevice and releases it exactly once. Move-only; the RawDevice must
-/// outlive it (declare owners after the device they come from).
-template <class Handle> class RawHandle {
-public:
-    RawHandle() = default;
-    RawHandle(const RawDevice *device, Handle *handle) : device_(device), handle_(handle) {}
-    ~RawHandle() { reset(); }
-    RawHandle(RawHandle &&other) noexcept
-        : device_(other.device_), handle_(std::exchange(other.handle_, nullptr)) {}
-    RawHandle &operator=(RawHandle &&other) noexcept {
-        if (this != &other) {
-            reset();
-            device_ = other.device_;
-            handle_ = std::exchange(other.handle_, nullptr);
-        }
-        return *this;
-    }
-    RawHandle(const RawHandle &) = delete;
-    RawHandle &operator=(const RawHandle &) = delete;
-
-    Handle *get() const noexcept { return handle_; }
-    void reset() noexcept;
-
-private:
-    const RawDevice *device_ = nullptr;
-    Handle *handle_ = nullptr;
-};
-
 /// One page of plugin memory and its host address (pinned and host-visible pages; NULL else).
 struct RawMemory {
-    RawHandle<bp_memory> memory;
+    abi::Owned<bp_memory> memory;
     void *mapped = nullptr;
 };
 
@@ -57,92 +29,106 @@ struct RawMemory {
 class RawDevice {
 public:
     RawDevice(RawPlugin plugin, uint32_t index) : plugin_(std::move(plugin)) {
-        bp_error error = makeError();
-        auto probe = sdk::makeStruct<bp_probe_result>();
+        auto error = abi::make<bp_error>();
+        auto probe = abi::make<bp_probe_result>();
         check(api().probe(plugin_.instance(), &probe, &error), error, "probe");
         if (index >= probe.device_count)
             throw Error(ErrorCode::NoDevice,
                         name() + " sees " + std::to_string(probe.device_count) +
                             " device(s); there is no device " + std::to_string(index),
                         name());
-        info_ = sdk::makeStruct<bp_device_info>();
+        info_ = abi::make<bp_device_info>();
         check(api().device_info(plugin_.instance(), index, &info_, &error), error, "device_info");
-        const auto args = sdk::makeStruct<bp_device_open_args>();
-        check(api().device_open(plugin_.instance(), index, &args, &device_, &error), error,
+        const auto args = abi::make<bp_device_open_args>();
+        bp_device *device = nullptr;
+        check(api().device_open(plugin_.instance(), index, &args, &device, &error), error,
               "device_open");
+        device_ = abi::Owned<bp_device>(api(), device);
     }
-    ~RawDevice() { api().device_close(device_); }
     RawDevice(const RawDevice &) = delete;
     RawDevice &operator=(const RawDevice &) = delete;
 
     const bp_plugin_api &api() const noexcept { return plugin_.api(); }
-    bp_device *get() const noexcept { return device_; }
+    bp_device *get() const noexcept { return device_.get(); }
     const bp_device_info &info() const noexcept { return info_; }
     const std::string &name() const noexcept { return plugin_.manifest().name; }
 
     /// Throws the Error of a failed call: "<plugin> <what>: <plugin's message>".
-    void check(bp_status status, const bp_error &error, const char *what) const {
-        if (status != BP_SUCCESS) fail(status, error, what);
+    void check(bp_status status, const bp_error &error, std::string_view what) const {
+        if (status != BP_SUCCESS) fail(status, error, std::string(what));
     }
 
     RawMemory allocate(bp_memory_kind kind, uint64_t size) const {
-        auto args = sdk::makeStruct<bp_memory_allocate_args>();
+        auto args = abi::make<bp_memory_allocate_args>();
         args.kind = kind;
         args.size = size;
         bp_memory *memory = nullptr;
         void *mapped = nullptr;
-        bp_error error = makeError();
-        check(api().memory_allocate(device_, &args, &memory, &mapped, &error), error,
+        auto error = abi::make<bp_error>();
+        check(api().memory_allocate(get(), &args, &memory, &mapped, &error), error,
               "memory_allocate");
-        return {{this, memory}, mapped};
+        return {{api(), get(), memory}, mapped};
     }
-    RawHandle<bp_stream> createStream() const {
-        const auto args = sdk::makeStruct<bp_stream_create_args>();
+    abi::Owned<bp_stream> createStream() const {
+        const auto args = abi::make<bp_stream_create_args>();
         bp_stream *stream = nullptr;
-        bp_error error = makeError();
-        check(api().stream_create(device_, &args, &stream, &error), error, "stream_create");
-        return {this, stream};
+        auto error = abi::make<bp_error>();
+        check(api().stream_create(get(), &args, &stream, &error), error, "stream_create");
+        return {api(), get(), stream};
     }
     /// Submits the stream; the event completes when everything submitted so far has.
-    RawHandle<bp_event> flush(bp_stream *stream) const {
-        const auto args = sdk::makeStruct<bp_flush_args>();
+    abi::Owned<bp_event> flush(bp_stream *stream) const {
+        const auto args = abi::make<bp_flush_args>();
         bp_event *event = nullptr;
-        bp_error error = makeError();
-        check(api().stream_flush(device_, stream, &args, &event, &error), error, "stream_flush");
-        return {this, event};
+        auto error = abi::make<bp_error>();
+        check(api().stream_flush(get(), stream, &args, &event, &error), error, "stream_flush");
+        return {api(), get(), event};
     }
     /// Host wait, no time limit.
     void wait(bp_event *event) const {
-        bp_error error = makeError();
-        check(api().event_wait(device_, event, UINT64_MAX, &error), error, "event_wait");
+        auto error = abi::make<bp_error>();
+        check(api().event_wait(get(), event, UINT64_MAX, &error), error, "event_wait");
     }
     /// flush + wait: the host waits for all work of `stream`.
     void sync(bp_stream *stream) const { wait(flush(stream).get()); }
     /// Later work on `stream` waits for `event` on the device.
     void waitEvent(bp_stream *stream, bp_event *event) const {
-        bp_error error = makeError();
-        check(api().stream_wait_event(device_, stream, event, &error), error, "stream_wait_event");
+        auto error = abi::make<bp_error>();
+        check(api().stream_wait_event(get(), stream, event, &error), error, "stream_wait_event");
     }
 
     void copyHostToDevice(bp_stream *stream, const void *src, bp_memory *dst, uint64_t dstOffset,
                           uint64_t size) const {
-        const bp_copy_host_to_device_args args{sizeof(args), src, dst, dstOffset, size};
-        bp_error error = makeError();
-        check(api().copy_host_to_device(device_, stream, &args, &error), error,
+        auto args = abi::make<bp_copy_host_to_device_args>();
+        args.src = src;
+        args.dst = dst;
+        args.dst_offset = dstOffset;
+        args.size = size;
+        auto error = abi::make<bp_error>();
+        check(api().copy_host_to_device(get(), stream, &args, &error), error,
               "copy_host_to_device");
     }
     void copyDeviceToHost(bp_stream *stream, bp_memory *src, uint64_t srcOffset, void *dst,
                           uint64_t size) const {
-        const bp_copy_device_to_host_args args{sizeof(args), src, srcOffset, dst, size};
-        bp_error error = makeError();
-        check(api().copy_device_to_host(device_, stream, &args, &error), error,
+        auto args = abi::make<bp_copy_device_to_host_args>();
+        args.src = src;
+        args.src_offset = srcOffset;
+        args.dst = dst;
+        args.size = size;
+        auto error = abi::make<bp_error>();
+        check(api().copy_device_to_host(get(), stream, &args, &error), error,
               "copy_device_to_host");
     }
     void copyDeviceToDevice(bp_stream *stream, bp_memory *src, uint64_t srcOffset, bp_memory *dst,
                             uint64_t dstOffset, uint64_t size) const {
-        bp_copy_device_to_device_args args{sizeof(args), src, srcOffset, dst, dstOffset, size};
-        bp_error error = makeError();
-        check(api().copy_device_to_device(device_, stream, &args, &error), error,
+        auto args = abi::make<bp_copy_device_to_device_args>();
+        args.src = src;
+        args.src_offset = srcOffset;
+        args.dst = dst;
+        args.dst_offset = dstOffset;
+        args.size = size;
+        auto error = abi::make<bp_error>();
+        check(api().copy_device_to_device(get(), stream, &args, &error), error,
               "copy_device_to_device");
     }
 
@@ -156,7 +142,7 @@ public:
         std::vector<const char *> optionPointers;
         for (const std::string &option : options)
             optionPointers.push_back(option.c_str());
-        auto args = sdk::makeStruct<bp_kernel_compile_args>();
+        auto args = abi::make<bp_kernel_compile_args>();
         args.dialect = dialect;
         args.entry_point = entryPoint.c_str();
         args.source = source;
@@ -172,48 +158,38 @@ public:
                         static_cast<std::string *>(user)->append(static_cast<const char *>(data),
                                                                  size);
                     }};
-        bp_error error = makeError();
-        const bp_status status = api().kernel_compile(device_, &args, &error);
+        auto error = abi::make<bp_error>();
+        const bp_status status = api().kernel_compile(get(), &args, &error);
         if (status != BP_SUCCESS)
             fail(status, error,
                  "kernel_compile of " + entryPoint + (log.empty() ? "" : " (log: " + log + ")"));
         return binary;
     }
-    RawHandle<bp_kernel> load(bp_dialect dialect, const std::string &entryPoint,
+    abi::Owned<bp_kernel> load(bp_dialect dialect, const std::string &entryPoint,
                               const std::vector<unsigned char> &binary) const {
-        auto args = sdk::makeStruct<bp_kernel_load_args>();
+        auto args = abi::make<bp_kernel_load_args>();
         args.dialect = dialect;
         args.entry_point = entryPoint.c_str();
         args.binary = binary.data();
         args.binary_size = binary.size();
         bp_kernel *kernel = nullptr;
-        bp_error error = makeError();
-        check(api().kernel_load(device_, &args, &kernel, &error), error, "kernel_load");
-        return {this, kernel};
+        auto error = abi::make<bp_error>();
+        check(api().kernel_load(get(), &args, &kernel, &error), error, "kernel_load");
+        return {api(), get(), kernel};
     }
     void launch(bp_stream *stream, const bp_launch_args &args) const {
-        bp_error error = makeError();
-        check(api().kernel_launch(device_, stream, &args, &error), error, "kernel_launch");
+        auto error = abi::make<bp_error>();
+        check(api().kernel_launch(get(), stream, &args, &error), error, "kernel_launch");
     }
-
-    void release(bp_memory *memory) const noexcept { api().memory_free(device_, memory); }
-    void release(bp_stream *stream) const noexcept { api().stream_destroy(device_, stream); }
-    void release(bp_event *event) const noexcept { api().event_release(device_, event); }
-    void release(bp_kernel *kernel) const noexcept { api().kernel_release(device_, kernel); }
 
 private:
     [[noreturn]] void fail(bp_status status, const bp_error &error, const std::string &what) const {
-        throwIfFailed(status, error, name(), name() + " " + what);
-        throw Error(ErrorCode::Internal, name() + " " + what + " failed"); // not reached
+        abi::throwStatus(status, &error, name() + " " + what, name());
     }
 
     RawPlugin plugin_; // outlives device_: closed first, destroyed last
     bp_device_info info_{};
-    bp_device *device_ = nullptr;
+    abi::Owned<bp_device> device_; // device_close, before plugin_ goes
 };
-
-template <class Handle> void RawHandle<Handle>::reset() noexcept {
-    if (handle_ != nullptr) device_->release(std::exchange(handle_, nullptr));
-}
 
 } // namespace backplane::tool

@@ -4,6 +4,7 @@
 #include "input/elf_check.hpp"
 #include "plugin/device_info.hpp"
 
+#include <backplane/abi/caller.hpp>
 #include <backplane/log.hpp>
 
 #include <cxxabi.h>
@@ -17,23 +18,6 @@
 
 namespace backplane::detail {
 namespace {
-
-ErrorCode toErrorCode(bp_status status) {
-    switch (status) {
-    case BP_ERROR_INVALID_ARGUMENT: return ErrorCode::InvalidArgument;
-    case BP_ERROR_UNSUPPORTED: return ErrorCode::Unsupported;
-    case BP_ERROR_OUT_OF_MEMORY: return ErrorCode::OutOfMemory;
-    case BP_ERROR_NOT_FOUND: return ErrorCode::NotFound;
-    case BP_ERROR_NO_DRIVER: return ErrorCode::NoDriver;
-    case BP_ERROR_NO_DEVICE: return ErrorCode::NoDevice;
-    case BP_ERROR_DEVICE_LOST: return ErrorCode::DeviceLost;
-    case BP_ERROR_COMPILE: return ErrorCode::Compile;
-    case BP_ERROR_LAUNCH: return ErrorCode::Launch;
-    case BP_ERROR_TIMEOUT: return ErrorCode::Timeout;
-    case BP_ERROR_REMOTE: return ErrorCode::Remote;
-    default: return ErrorCode::Internal;
-    }
-}
 
 /// The log sink plugins call: C code on the other side, so nothing may escape it.
 void logFromPlugin(void *user, bp_log_level level, const char *message) noexcept {
@@ -60,29 +44,9 @@ std::string loaderMessage(const std::system_error &e) {
     return text;
 }
 
-/// Length of the valid UTF-8 sequence at `p` (at most `left` bytes), or 0 when it is invalid.
-size_t utf8Length(const unsigned char *p, size_t left) {
-    const unsigned char c = p[0];
-    size_t n = 0;
-    uint32_t min = 0;
-    if (c < 0x80) return 1;
-    if ((c & 0xe0) == 0xc0) n = 2, min = 0x80;
-    else if ((c & 0xf0) == 0xe0) n = 3, min = 0x800;
-    else if ((c & 0xf8) == 0xf0) n = 4, min = 0x10000;
-    else return 0;
-    if (n > left) return 0;
-    uint32_t code = c & (0x7f >> n);
-    for (size_t i = 1; i < n; ++i) {
-        if ((p[i] & 0xc0) != 0x80) return 0;
-        code = (code << 6) | (p[i] & 0x3f);
-    }
-    if (code < min || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return 0;
-    return n;
-}
-
 std::string demangled(const char *name) {
     int status = 0;
-    char *text = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+    char *text = ::abi::__cxa_demangle(name, nullptr, nullptr, &status);
     std::string out = status == 0 && text != nullptr ? text : name;
     std::free(text);
     return out;
@@ -96,27 +60,9 @@ constexpr size_t kMaxOptionsSchemaBytes = 64 * 1024;
 
 } // namespace
 
-std::string fieldText(const char *text, size_t capacity) {
-    const auto *bytes = reinterpret_cast<const unsigned char *>(text);
-    const size_t size = strnlen(text, capacity);
-    std::string out;
-    out.reserve(size);
-    for (size_t i = 0; i < size;) {
-        const size_t n = utf8Length(bytes + i, size - i);
-        if (n == 0 || (n == 1 && (bytes[i] < 0x20 || bytes[i] == 0x7f))) {
-            out += '?';
-            ++i;
-            continue;
-        }
-        out.append(text + i, n);
-        i += n;
-    }
-    return out;
-}
+std::string fieldText(const char *text, size_t capacity) { return abi::fieldText(text, capacity); }
 
-std::string errorText(const bp_error &error) {
-    return fieldText(error.message, sizeof(error.message));
-}
+std::string errorText(const bp_error &error) { return abi::errorText(error); }
 
 bp_status containedException(const char *function, bp_error &error) noexcept {
     std::string text;
@@ -155,9 +101,7 @@ void logContainedRelease(const std::string &plugin, const char *function) noexce
 
 void throwStatus(bp_status status, const bp_error &error, const std::string &backend,
                  const std::string &what) {
-    std::string message = what;
-    if (const std::string text = errorText(error); !text.empty()) message += ": " + text;
-    throw Error(toErrorCode(status), message, backend, error.vendor_code);
+    abi::throwStatus(status, &error, what, backend);
 }
 
 std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path &libraryPath,

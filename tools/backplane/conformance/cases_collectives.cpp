@@ -19,8 +19,7 @@ public:
                 "comm_id_create");
         require(size > 0 && size <= BP_COMM_ID_MAX_BYTES,
                 "comm_id_create gave " + std::to_string(size) + " bytes");
-        bp_comm_create_args args{};
-        args.struct_size = sizeof(args);
+        auto args = abi::make<bp_comm_create_args>();
         args.id = id.data();
         args.id_size = size;
         args.rank = 0;
@@ -41,8 +40,7 @@ private:
 };
 
 bp_collective_args allReduce(const Page &send, const Page &recv, uint64_t count) {
-    bp_collective_args a{};
-    a.struct_size = sizeof(a);
+    auto a = abi::make<bp_collective_args>();
     a.op = BP_COLLECTIVE_ALL_REDUCE;
     a.type = BP_DATA_F32;
     a.reduce = BP_REDUCE_SUM;
@@ -177,8 +175,7 @@ CONFORMANCE_CASE("collectives.join_arguments",
             "comm_id_create");
     expectFailure(api.comm_id_create(ctx.plugin(), id.data(), id.size(), nullptr, &error), error,
                   {BP_ERROR_INVALID_ARGUMENT}, "comm_id_create with a NULL size");
-    bp_comm_create_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_comm_create_args>();
     args.id = id.data();
     args.id_size = size;
     args.size = 1;
@@ -242,8 +239,7 @@ CONFORMANCE_CASE("peer.access",
     expectFailure(api.device_peer_access(device.get(), device.get(), nullptr, &error), error,
                   {BP_ERROR_INVALID_ARGUMENT}, "device_peer_access with a NULL out pointer");
     if (ctx.deviceCount() < 2) return;
-    bp_device_open_args openArgs{};
-    openArgs.struct_size = sizeof(openArgs);
+    auto openArgs = abi::make<bp_device_open_args>();
     const uint32_t otherIndex = ctx.index() == 0 ? 1 : 0;
     bp_device *other = nullptr;
     succeed(api.device_open(ctx.plugin(), otherIndex, &openArgs, &other, &error), error,

@@ -41,36 +41,31 @@ const char *opName(bp_graph_op_kind kind) {
 // Ops and their argument structs ------------------------------------------------------------------
 
 bp_graph_op opOf(const bp_launch_args &a) {
-    bp_graph_op op{};
-    op.struct_size = sizeof(op);
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_LAUNCH;
     op.launch = &a;
     return op;
 }
 bp_graph_op opOf(const bp_copy_host_to_device_args &a) {
-    bp_graph_op op{};
-    op.struct_size = sizeof(op);
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_COPY_HOST_TO_DEVICE;
     op.to_device = &a;
     return op;
 }
 bp_graph_op opOf(const bp_copy_device_to_host_args &a) {
-    bp_graph_op op{};
-    op.struct_size = sizeof(op);
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_COPY_DEVICE_TO_HOST;
     op.to_host = &a;
     return op;
 }
 bp_graph_op opOf(const bp_copy_device_to_device_args &a) {
-    bp_graph_op op{};
-    op.struct_size = sizeof(op);
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_COPY_DEVICE_TO_DEVICE;
     op.copy = &a;
     return op;
 }
 bp_graph_op opOf(const bp_fill_args &a) {
-    bp_graph_op op{};
-    op.struct_size = sizeof(op);
+    auto op = abi::make<bp_graph_op>();
     op.kind = BP_GRAPH_OP_FILL;
     op.fill = &a;
     return op;
@@ -78,8 +73,7 @@ bp_graph_op opOf(const bp_fill_args &a) {
 
 bp_copy_host_to_device_args toDeviceArgs(const void *src, const Page &dst, uint64_t dstOffset,
                                          uint64_t size) {
-    bp_copy_host_to_device_args a{};
-    a.struct_size = sizeof(a);
+    auto a = abi::make<bp_copy_host_to_device_args>();
     a.src = src;
     a.dst = dst.get();
     a.dst_offset = dstOffset;
@@ -88,8 +82,7 @@ bp_copy_host_to_device_args toDeviceArgs(const void *src, const Page &dst, uint6
 }
 bp_copy_device_to_host_args toHostArgs(const Page &src, uint64_t srcOffset, void *dst,
                                        uint64_t size) {
-    bp_copy_device_to_host_args a{};
-    a.struct_size = sizeof(a);
+    auto a = abi::make<bp_copy_device_to_host_args>();
     a.src = src.get();
     a.src_offset = srcOffset;
     a.dst = dst;
@@ -98,8 +91,7 @@ bp_copy_device_to_host_args toHostArgs(const Page &src, uint64_t srcOffset, void
 }
 bp_copy_device_to_device_args copyArgs(const Page &src, uint64_t srcOffset, const Page &dst,
                                        uint64_t dstOffset, uint64_t size) {
-    bp_copy_device_to_device_args a{};
-    a.struct_size = sizeof(a);
+    auto a = abi::make<bp_copy_device_to_device_args>();
     a.src = src.get();
     a.src_offset = srcOffset;
     a.dst = dst.get();
@@ -108,8 +100,7 @@ bp_copy_device_to_device_args copyArgs(const Page &src, uint64_t srcOffset, cons
     return a;
 }
 bp_fill_args fillArgs(const Page &dst, uint64_t offset, uint64_t size, uint32_t pattern) {
-    bp_fill_args a{};
-    a.struct_size = sizeof(a);
+    auto a = abi::make<bp_fill_args>();
     a.dst = dst.get();
     a.offset = offset;
     a.size = size;
@@ -147,14 +138,13 @@ void issue(OpenDevice &device, const Stream &stream, const bp_graph_op &op,
 
 bp_status tryCreateGraph(OpenDevice &device, const bp_graph_op *ops, uint32_t count, Graph &out,
                          bp_error &error) {
-    bp_graph_create_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_graph_create_args>();
     args.ops = ops;
     args.op_count = count;
     bp_graph *graph = nullptr;
     const bp_status status = device.api().graph_create(device.get(), &args, &graph, &error);
     // Whatever came back is released, even from a call that should have failed.
-    if (graph != nullptr) out = Graph(device.get(), graph, device.api().graph_release);
+    if (graph != nullptr) out = Graph(device.api(), device.get(), graph);
     return status;
 }
 
@@ -244,7 +234,7 @@ void gateHost(const bp_host_kernel_context *) {
     while (!gGateOpen.load() && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
-const bp_host_kernel_source kGateHost = {sizeof(bp_host_kernel_source), &gateHost, nullptr};
+const bp_host_kernel_source kGateHost = hostKernelSource(&gateHost);
 
 /// Holds streams while a case records the work whose order it checks. With the host dialect and
 /// async streams a gate kernel holds them until open(); elsewhere large saxpy launches keep the
@@ -263,8 +253,7 @@ public:
             succeed(compileKernel(device_, BP_DIALECT_HOST, {&kGateHost, sizeof(kGateHost), "gate"},
                                   blob, log, error),
                     error, "kernel_compile(gate host kernel)");
-            bp_kernel_load_args load{};
-            load.struct_size = sizeof(load);
+            auto load = abi::make<bp_kernel_load_args>();
             load.dialect = BP_DIALECT_HOST;
             load.entry_point = "gate";
             load.binary = blob.data();
@@ -273,7 +262,7 @@ public:
             error = makeError();
             succeed(device_.api().kernel_load(device_.get(), &load, &kernel, &error), error,
                     "kernel_load(gate host kernel)");
-            gate_ = Kernel(device_.get(), kernel, device_.api().kernel_release);
+            gate_ = Kernel(device_.api(), device_.get(), kernel);
             return;
         }
         const bp_device_info &info = ctx.info();
@@ -306,8 +295,7 @@ public:
         bp_error error = makeError();
         if (gated_) {
             gGateOpen.store(false);
-            bp_launch_args g{};
-            g.struct_size = sizeof(g);
+            auto g = abi::make<bp_launch_args>();
             g.kernel = gate_.get();
             g.grid[0] = g.grid[1] = g.grid[2] = 1;
             g.block[0] = g.block[1] = g.block[2] = 1;
@@ -496,14 +484,13 @@ CONFORMANCE_CASE("graph.create_rejects_bad_arguments",
         bp_error error = makeError();
         bp_graph *raw = nullptr;
         const bp_status status = device.api().graph_create(device.get(), nullptr, &raw, &error);
-        if (raw != nullptr) graph = Graph(device.get(), raw, device.api().graph_release);
+        if (raw != nullptr) graph = Graph(device.api(), device.get(), raw);
         expectFailure(status, error, {BP_ERROR_INVALID_ARGUMENT}, "graph_create with args NULL");
         require(raw == nullptr, "graph_create with args NULL failed but returned a graph");
     }
 
     // Every pointer set, so a plugin cannot refuse the op for a NULL pointer instead of its kind.
-    bp_graph_op all{};
-    all.struct_size = sizeof(all);
+    auto all = abi::make<bp_graph_op>();
     all.launch = &launch;
     all.to_device = &toDevice;
     all.to_host = &toHost;

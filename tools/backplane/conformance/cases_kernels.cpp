@@ -52,8 +52,7 @@ struct Source {
 bp_status compile(const OpenDevice &device, bp_dialect dialect, const KernelText &text,
                   std::vector<uint8_t> &binary, std::string *log, bp_error &error) {
     if (log != nullptr) return compileKernel(device, dialect, text, binary, *log, error);
-    bp_kernel_compile_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_kernel_compile_args>();
     args.dialect = dialect;
     args.entry_point = text.entry;
     args.source = text.source;
@@ -106,8 +105,7 @@ Source saxpyIn(CaseContext &ctx, bp_dialect dialect) {
 
 bp_status load(const OpenDevice &device, bp_dialect dialect, const char *entry, const void *blob,
                size_t size, Kernel &out, bp_error &error) {
-    bp_kernel_load_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_kernel_load_args>();
     args.dialect = dialect;
     args.entry_point = entry;
     args.binary = blob;
@@ -115,7 +113,7 @@ bp_status load(const OpenDevice &device, bp_dialect dialect, const char *entry, 
     bp_kernel *kernel = nullptr;
     const bp_status status = device.api().kernel_load(device.get(), &args, &kernel, &error);
     // Whatever came back is released, even from a call that should have failed.
-    if (kernel != nullptr) out = Kernel(device.get(), kernel, device.api().kernel_release);
+    if (kernel != nullptr) out = Kernel(device.api(), device.get(), kernel);
     return status;
 }
 
@@ -305,7 +303,7 @@ void gateHost(const bp_host_kernel_context *) {
     while (!gGateOpen.load() && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
-const bp_host_kernel_source kGateHost = {sizeof(bp_host_kernel_source), &gateHost};
+const bp_host_kernel_source kGateHost = hostKernelSource(&gateHost);
 
 /// Opens the gate when the scope ends, whatever happened.
 struct GateOpener {
@@ -389,8 +387,9 @@ CONFORMANCE_CASE("kernel.compile_host_bad_source", "A host-dialect source with a
                                                    "struct_size is refused.") {
     if (!ctx.accepts(BP_DIALECT_HOST))
         throw NotApplicable("the device does not declare the host dialect");
-    const bp_host_kernel_source nullFunction = {sizeof(bp_host_kernel_source), nullptr};
-    const bp_host_kernel_source zeroStructSize = {0, kGateHost.function};
+    const bp_host_kernel_source nullFunction = hostKernelSource(nullptr);
+    bp_host_kernel_source zeroStructSize = hostKernelSource(kGateHost.function);
+    zeroStructSize.struct_size = 0;
     const struct {
         const void *source;
         size_t size;
@@ -469,8 +468,7 @@ CONFORMANCE_CASE("kernel.unknown_dialect", "kernel_compile and kernel_load with 
                                            "BP_ERROR_INVALID_ARGUMENT.") {
     const KernelText text = saxpySource(BP_DIALECT_HOST); // any bytes will do
     for (const uint32_t value : {6u, 77u, 0xffffffffu}) {
-        bp_kernel_compile_args args{};
-        args.struct_size = sizeof(args);
+        auto args = abi::make<bp_kernel_compile_args>();
         args.dialect = rawEnum<bp_dialect>(static_cast<int>(value));
         args.entry_point = "saxpy";
         args.source = text.source;
@@ -479,8 +477,7 @@ CONFORMANCE_CASE("kernel.unknown_dialect", "kernel_compile and kernel_load with 
         expectFailure(ctx.api().kernel_compile(ctx.device().get(), &args, &error), error,
                       {BP_ERROR_INVALID_ARGUMENT},
                       "kernel_compile with dialect " + std::to_string(value));
-        bp_kernel_load_args loadArgs{};
-        loadArgs.struct_size = sizeof(loadArgs);
+        auto loadArgs = abi::make<bp_kernel_load_args>();
         loadArgs.dialect = rawEnum<bp_dialect>(static_cast<int>(value));
         loadArgs.entry_point = "saxpy";
         loadArgs.binary = text.source;
@@ -489,7 +486,7 @@ CONFORMANCE_CASE("kernel.unknown_dialect", "kernel_compile and kernel_load with 
         error = makeError();
         const bp_status status =
             ctx.api().kernel_load(ctx.device().get(), &loadArgs, &kernel, &error);
-        const Kernel owned(ctx.device().get(), kernel, ctx.api().kernel_release);
+        const Kernel owned(ctx.api(), ctx.device().get(), kernel);
         expectFailure(status, error, {BP_ERROR_INVALID_ARGUMENT},
                       "kernel_load with dialect " + std::to_string(value));
     }
@@ -820,8 +817,7 @@ CONFORMANCE_CASE("kernel.release_while_pending", "kernel_release while launches 
     Kernel gate;
     if (gated) {
         gate = compileAndLoad(ctx, BP_DIALECT_HOST, {&kGateHost, sizeof(kGateHost), "gate"});
-        bp_launch_args g{};
-        g.struct_size = sizeof(g);
+        auto g = abi::make<bp_launch_args>();
         g.kernel = gate.get();
         g.grid[0] = g.grid[1] = g.grid[2] = 1;
         g.block[0] = g.block[1] = g.block[2] = 1;

@@ -14,8 +14,7 @@ namespace {
 
 bp_status tryAllocate(OpenDevice &device, uint32_t kind, uint64_t size, bp_memory **out,
                       void **mapped, bp_error &error) {
-    bp_memory_allocate_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_memory_allocate_args>();
     args.kind = rawEnum<bp_memory_kind>(static_cast<int>(kind));
     args.size = size;
     return device.api().memory_allocate(device.get(), &args, out, mapped, &error);

@@ -35,8 +35,7 @@ CONFORMANCE_CASE("stream.flush_without_event",
     Stream stream = device.createStream();
     Page page = device.allocate(BP_MEMORY_DEVICE, 4096);
     device.fill(stream, page, 0, 4096, 0x5a5a5a5au);
-    bp_flush_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_flush_args>();
     bp_error error = makeError();
     succeed(device.api().stream_flush(device.get(), stream.get(), &args, nullptr, &error), error,
             "stream_flush(out NULL)");
@@ -55,7 +54,7 @@ CONFORMANCE_CASE("stream.null_flush_args",
         expectFailure(status, error, {BP_ERROR_INVALID_ARGUMENT}, "stream_flush(args NULL)");
         return;
     }
-    Event owned(device.get(), event, device.api().event_release);
+    Event owned(device.api(), device.get(), event);
     require(event != nullptr, "stream_flush(args NULL) succeeded without an event");
     device.wait(owned);
 }
@@ -164,8 +163,7 @@ CONFORMANCE_CASE("event.cross_stream_wait",
         bp_error error = makeError();
         succeed(device.api().stream_wait_event(device.get(), consumer.get(), ready.get(), &error),
                 error, "stream_wait_event");
-        bp_copy_device_to_device_args copy{};
-        copy.struct_size = sizeof(copy);
+        auto copy = abi::make<bp_copy_device_to_device_args>();
         copy.src = a.get();
         copy.dst = b.get();
         copy.size = size;
@@ -227,14 +225,13 @@ CONFORMANCE_CASE("event.timestamps",
     OpenDevice &device = ctx.device();
     Stream stream = device.createStream();
     Page page = device.allocate(BP_MEMORY_DEVICE, busyBytes(ctx));
-    bp_flush_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_flush_args>();
     args.flags = BP_FLUSH_TIMING_EVENT;
     bp_event *raw = nullptr;
     bp_error error = makeError();
     const bp_status startStatus = device.api().stream_flush(device.get(), stream.get(), &args, &raw, &error);
     if (!ctx.declares(BP_CAPABILITY_TIMESTAMPS)) {
-        Event start(device.get(), raw, device.api().event_release);
+        Event start(device.api(), device.get(), raw);
         if (startStatus != BP_SUCCESS) {
             expectFailure(startStatus, error, {BP_ERROR_UNSUPPORTED}, "a timing flush without TIMESTAMPS");
             return;
@@ -248,7 +245,7 @@ CONFORMANCE_CASE("event.timestamps",
         return;
     }
     succeed(startStatus, error, "stream_flush(BP_FLUSH_TIMING_EVENT)");
-    Event start(device.get(), raw, device.api().event_release);
+    Event start(device.api(), device.get(), raw);
     device.fill(stream, page, 0, page.size, 1);
     Event end = device.flush(stream, BP_FLUSH_TIMING_EVENT);
     device.wait(end);

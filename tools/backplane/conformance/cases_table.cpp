@@ -23,8 +23,7 @@ bool terminated(const char *field, size_t capacity) {
 }
 
 bp_device_info describe(CaseContext &ctx, uint32_t index, bp_status &status, bp_error &error) {
-    bp_device_info info{};
-    info.struct_size = sizeof(info);
+    auto info = abi::make<bp_device_info>();
     status = ctx.api().device_info(ctx.plugin(), index, &info, &error);
     return info;
 }
@@ -39,8 +38,7 @@ struct Instance {
 };
 
 bp_plugin_init_args initArgs() {
-    bp_plugin_init_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_plugin_init_args>();
     args.host_abi_major = BP_ABI_VERSION_MAJOR;
     args.host_abi_minor = BP_ABI_VERSION_MINOR;
     args.options_json = "{}";
@@ -119,8 +117,7 @@ CONFORMANCE_CASE("plugin.second_instance",
     succeed(ctx.api().plugin_init(&args, &second.plugin, &error), error, "a second plugin_init");
     require(second.plugin != nullptr && second.plugin != ctx.plugin(),
             "the second plugin_init returned NULL or the first instance");
-    bp_probe_result probe{};
-    probe.struct_size = sizeof(probe);
+    auto probe = abi::make<bp_probe_result>();
     error = makeError();
     succeed(ctx.api().probe(second.plugin, &probe, &error), error, "probe of the second instance");
     require(probe.device_count == ctx.deviceCount(),
@@ -188,8 +185,7 @@ CONFORMANCE_CASE("probe.consistent",
     for (int t = 0; t < 8; ++t)
         threads.emplace_back([&] {
             for (int i = 0; i < 20; ++i) {
-                bp_probe_result r{};
-                r.struct_size = sizeof(r);
+                auto r = abi::make<bp_probe_result>();
                 bp_error error = makeError();
                 const bp_status s = ctx.api().probe(ctx.plugin(), &r, &error);
                 if (s != BP_SUCCESS || r.device_count != ctx.deviceCount() ||
@@ -421,8 +417,7 @@ CONFORMANCE_CASE("device.open_twice",
 
 CONFORMANCE_CASE("device.open_index_out_of_range",
                  "device_open of an index past the device count fails cleanly") {
-    bp_device_open_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_device_open_args>();
     bp_device *device = nullptr;
     bp_error error = makeError();
     const bp_status status = ctx.api().device_open(ctx.plugin(), ctx.deviceCount(), &args, &device, &error);
@@ -432,8 +427,7 @@ CONFORMANCE_CASE("device.open_index_out_of_range",
 
 CONFORMANCE_CASE("device.open_unknown_flags",
                  "device_open refuses flags ABI 1 does not define (they must be 0)") {
-    bp_device_open_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_device_open_args>();
     args.flags = 0x80000000u;
     bp_device *device = nullptr;
     bp_error error = makeError();
@@ -444,8 +438,7 @@ CONFORMANCE_CASE("device.open_unknown_flags",
 }
 
 CONFORMANCE_CASE("device.open_null_out", "device_open with a NULL out pointer fails with invalid_argument") {
-    bp_device_open_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_device_open_args>();
     bp_error error = makeError();
     expectFailure(ctx.api().device_open(ctx.plugin(), ctx.index(), &args, nullptr, &error), error,
                   {BP_ERROR_INVALID_ARGUMENT}, "device_open(NULL out)");
@@ -455,8 +448,7 @@ CONFORMANCE_CASE("device.open_null_out", "device_open with a NULL out pointer fa
 
 CONFORMANCE_CASE("error.null_error_pointer",
                  "a failing call with a NULL bp_error still returns its status (the error is optional)") {
-    bp_device_info info{};
-    info.struct_size = sizeof(info);
+    auto info = abi::make<bp_device_info>();
     const bp_status status = ctx.api().device_info(ctx.plugin(), UINT32_MAX, &info, nullptr);
     require(status == BP_ERROR_NOT_FOUND || status == BP_ERROR_INVALID_ARGUMENT,
             std::string("device_info(UINT32_MAX, error NULL) returned ") + toString(status));
@@ -470,8 +462,7 @@ CONFORMANCE_CASE("error.small_error_struct",
     } g;
     std::memset(&g, 0xA5, sizeof(g));
     g.error.struct_size = kSmall;
-    bp_device_info info{};
-    info.struct_size = sizeof(info);
+    auto info = abi::make<bp_device_info>();
     const bp_status status = ctx.api().device_info(ctx.plugin(), UINT32_MAX, &info, &g.error);
     require(status != BP_SUCCESS, "device_info(UINT32_MAX) succeeded");
     const auto *bytes = reinterpret_cast<const unsigned char *>(&g);

@@ -280,8 +280,7 @@ CONFORMANCE_CASE("peer.copy",
         if (declared) throw NotApplicable("PEER_COPY is declared but the plugin sees one device");
         // Undeclared: a copy_peer call must fail cleanly (the source is this same device).
         Page a = device.allocate(BP_MEMORY_DEVICE, 4096), b = device.allocate(BP_MEMORY_DEVICE, 4096);
-        bp_copy_device_to_device_args args{};
-        args.struct_size = sizeof(args);
+        auto args = abi::make<bp_copy_device_to_device_args>();
         args.src = a.get();
         args.dst = b.get();
         args.size = 4096;
@@ -292,8 +291,7 @@ CONFORMANCE_CASE("peer.copy",
                           "copy_peer without PEER_COPY");
         return;
     }
-    bp_device_open_args openArgs{};
-    openArgs.struct_size = sizeof(openArgs);
+    auto openArgs = abi::make<bp_device_open_args>();
     const uint32_t otherIndex = ctx.index() == 0 ? 1 : 0;
     bp_device *other = nullptr;
     bp_error error = makeError();
@@ -304,8 +302,7 @@ CONFORMANCE_CASE("peer.copy",
         bp_device *d;
         ~Close() { api.device_close(d); }
     } close{device.api(), other};
-    bp_memory_allocate_args alloc{};
-    alloc.struct_size = sizeof(alloc);
+    auto alloc = abi::make<bp_memory_allocate_args>();
     alloc.kind = BP_MEMORY_DEVICE;
     alloc.size = 65536;
     bp_memory *srcMemory = nullptr;
@@ -313,18 +310,16 @@ CONFORMANCE_CASE("peer.copy",
     error = makeError();
     succeed(device.api().memory_allocate(other, &alloc, &srcMemory, &mapped, &error), error,
             "memory_allocate on the peer");
-    Page src{Owned<bp_memory>(other, srcMemory, device.api().memory_free), mapped, 65536};
-    bp_stream_create_args streamArgs{};
-    streamArgs.struct_size = sizeof(streamArgs);
+    Page src{Owned<bp_memory>(device.api(), other, srcMemory), mapped, 65536};
+    auto streamArgs = abi::make<bp_stream_create_args>();
     bp_stream *peerStreamRaw = nullptr;
     error = makeError();
     succeed(device.api().stream_create(other, &streamArgs, &peerStreamRaw, &error), error,
             "stream_create on the peer");
-    Stream peerStream(other, peerStreamRaw, device.api().stream_destroy);
+    Stream peerStream(device.api(), other, peerStreamRaw);
     const auto data = patternBytes(65536, 60);
     error = makeError();
-    bp_copy_host_to_device_args upload{};
-    upload.struct_size = sizeof(upload);
+    auto upload = abi::make<bp_copy_host_to_device_args>();
     upload.src = data.data();
     upload.dst = src.get();
     upload.size = data.size();
@@ -334,12 +329,11 @@ CONFORMANCE_CASE("peer.copy",
     error = makeError();
     succeed(device.api().stream_flush(other, peerStream.get(), nullptr, &ready, &error), error,
             "flush on the peer");
-    Event readyOwned(other, ready, device.api().event_release);
+    Event readyOwned(device.api(), other, ready);
     error = makeError();
     succeed(device.api().event_wait(other, ready, UINT64_MAX, &error), error, "wait on the peer");
     Page dst = device.allocate(BP_MEMORY_DEVICE, 65536);
-    bp_copy_device_to_device_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_copy_device_to_device_args>();
     args.src = src.get();
     args.dst = dst.get();
     args.size = 65536;

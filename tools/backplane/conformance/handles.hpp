@@ -5,43 +5,16 @@
 
 #include "suite.hpp"
 
+#include <backplane/abi/caller.hpp>
+
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace backplane::conformance {
 
-/// A handle of type T released by `release(device, handle)` of the table.
-template <class T> class Owned {
-public:
-    using Release = void (*)(bp_device *, T *);
-    Owned() = default;
-    Owned(bp_device *device, T *handle, Release release)
-        : device_(device), handle_(handle), release_(release) {}
-    Owned(Owned &&o) noexcept { *this = std::move(o); }
-    Owned &operator=(Owned &&o) noexcept {
-        if (this != &o) {
-            reset();
-            device_ = std::exchange(o.device_, nullptr);
-            handle_ = std::exchange(o.handle_, nullptr);
-            release_ = o.release_;
-        }
-        return *this;
-    }
-    ~Owned() { reset(); }
-    T *get() const noexcept { return handle_; }
-    explicit operator bool() const noexcept { return handle_ != nullptr; }
-    /// Releases now (cases that test release order).
-    void reset() noexcept {
-        if (handle_ != nullptr) release_(device_, std::exchange(handle_, nullptr));
-    }
-
-private:
-    bp_device *device_ = nullptr;
-    T *handle_ = nullptr;
-    Release release_ = nullptr;
-};
+/// A handle released exactly once through the table entry of its type (abi/caller.hpp).
+using abi::Owned;
 
 using Event = Owned<bp_event>;
 using Stream = Owned<bp_stream>;
@@ -68,11 +41,10 @@ struct SaxpyScalars {
 class OpenDevice {
 public:
     explicit OpenDevice(CaseContext &ctx);
-    ~OpenDevice();
     OpenDevice(const OpenDevice &) = delete;
     OpenDevice &operator=(const OpenDevice &) = delete;
 
-    bp_device *get() const noexcept { return device_; }
+    bp_device *get() const noexcept { return device_.get(); }
     const bp_plugin_api &api() const noexcept { return ctx_.api(); }
 
     /// Allocates a page of `kind`; fails the case when the plugin refuses.
@@ -123,7 +95,7 @@ public:
 
 private:
     CaseContext &ctx_;
-    bp_device *device_ = nullptr;
+    Owned<bp_device> device_; // device_close when the case ends
 };
 
 /// Launch arguments of saxpy over n floats (x bound at xOffset, y at 0, block `block`);
@@ -145,6 +117,13 @@ struct KernelText {
     const char *entry = "";
 };
 KernelText saxpySource(bp_dialect dialect);
+
+/// A host-dialect source (ABI 1.2 struct) for `function`, with no user data.
+constexpr bp_host_kernel_source hostKernelSource(bp_host_kernel_fn function) {
+    auto source = abi::make<bp_host_kernel_source>();
+    source.function = function;
+    return source;
+}
 
 /// Compiles `source`: returns the status; `binary` and `log` receive the sinks' output.
 bp_status compileKernel(const OpenDevice &device, bp_dialect dialect, const KernelText &source,

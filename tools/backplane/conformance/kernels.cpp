@@ -23,7 +23,7 @@ void saxpyHost(const bp_host_kernel_context *c) {
     }
 }
 
-const bp_host_kernel_source kSaxpyHost = {sizeof(bp_host_kernel_source), &saxpyHost};
+const bp_host_kernel_source kSaxpyHost = hostKernelSource(&saxpyHost);
 
 /// The portable saxpy (backplane/kernels.hpp): its generated CUDA, HIP and GLSL take the same
 /// launch as the native host function above (x, y, then {float a; uint n}).

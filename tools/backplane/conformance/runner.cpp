@@ -59,8 +59,7 @@ void writeLine(int fd, const std::string &line) {
     std::optional<CaseContext> ctx;
     try {
         RawPlugin plugin = RawPlugin::open(options.manifest, {.optionsJson = options.optionsJson, .cacheDir = {}});
-        bp_probe_result probe{};
-        probe.struct_size = sizeof(probe);
+        auto probe = abi::make<bp_probe_result>();
         bp_error error = makeError();
         const bp_status status = plugin.api().probe(plugin.instance(), &probe, &error);
         if (status == BP_ERROR_NO_DRIVER || status == BP_ERROR_NO_DEVICE ||
@@ -76,8 +75,7 @@ void writeLine(int fd, const std::string &line) {
                                               std::to_string(probe.device_count)));
             _exit(0);
         }
-        bp_device_info info{};
-        info.struct_size = sizeof(info);
+        auto info = abi::make<bp_device_info>();
         error = makeError();
         throwIfFailed(plugin.api().device_info(plugin.instance(), options.deviceIndex, &info, &error),
                       error, options.manifest.name, "device_info");

@@ -57,15 +57,14 @@ void expectFailure(bp_status status, const bp_error &error, std::initializer_lis
 // OpenDevice --------------------------------------------------------------------------------------
 
 OpenDevice::OpenDevice(CaseContext &ctx) : ctx_(ctx) {
-    bp_device_open_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_device_open_args>();
     bp_error error = makeError();
-    succeed(api().device_open(ctx.plugin(), ctx.index(), &args, &device_, &error), error,
+    bp_device *device = nullptr;
+    succeed(api().device_open(ctx.plugin(), ctx.index(), &args, &device, &error), error,
             "device_open(" + std::to_string(ctx.index()) + ")");
-    require(device_ != nullptr, "device_open succeeded but returned a NULL device");
+    device_ = Owned<bp_device>(api(), device);
+    require(device != nullptr, "device_open succeeded but returned a NULL device");
 }
-
-OpenDevice::~OpenDevice() { api().device_close(device_); }
 
 Page OpenDevice::allocate(bp_memory_kind kind, uint64_t size) {
     Page page = allocateIfSupported(kind, size);
@@ -76,14 +75,13 @@ Page OpenDevice::allocate(bp_memory_kind kind, uint64_t size) {
 }
 
 Page OpenDevice::allocateIfSupported(bp_memory_kind kind, uint64_t size) {
-    bp_memory_allocate_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_memory_allocate_args>();
     args.kind = kind;
     args.size = size;
     bp_memory *memory = nullptr;
     void *mapped = nullptr;
     bp_error error = makeError();
-    const bp_status status = api().memory_allocate(device_, &args, &memory, &mapped, &error);
+    const bp_status status = api().memory_allocate(get(), &args, &memory, &mapped, &error);
     if (status == BP_ERROR_UNSUPPORTED && kind != BP_MEMORY_DEVICE) return {};
     succeed(status, error, "memory_allocate(kind " + std::to_string(kind) + ", " +
                                std::to_string(size) + " bytes)");
@@ -91,34 +89,32 @@ Page OpenDevice::allocateIfSupported(bp_memory_kind kind, uint64_t size) {
     if (kind != BP_MEMORY_DEVICE)
         require(mapped != nullptr, "memory_allocate of a host-mapped kind (" + std::to_string(kind) +
                                        ") returned no host address");
-    return {Owned<bp_memory>(device_, memory, api().memory_free), mapped, size};
+    return {Owned<bp_memory>(api(), get(), memory), mapped, size};
 }
 
 Stream OpenDevice::createStream() {
-    bp_stream_create_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_stream_create_args>();
     bp_stream *stream = nullptr;
     bp_error error = makeError();
-    succeed(api().stream_create(device_, &args, &stream, &error), error, "stream_create");
+    succeed(api().stream_create(get(), &args, &stream, &error), error, "stream_create");
     require(stream != nullptr, "stream_create succeeded but returned a NULL stream");
-    return Stream(device_, stream, api().stream_destroy);
+    return Stream(api(), get(), stream);
 }
 
 Event OpenDevice::flush(const Stream &stream, uint32_t flags) {
-    bp_flush_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_flush_args>();
     args.flags = flags;
     bp_event *event = nullptr;
     bp_error error = makeError();
-    succeed(api().stream_flush(device_, stream.get(), &args, &event, &error), error,
+    succeed(api().stream_flush(get(), stream.get(), &args, &event, &error), error,
             "stream_flush");
     require(event != nullptr, "stream_flush was asked for an event but returned NULL");
-    return Event(device_, event, api().event_release);
+    return Event(api(), get(), event);
 }
 
 void OpenDevice::wait(const Event &event) {
     bp_error error = makeError();
-    succeed(api().event_wait(device_, event.get(), UINT64_MAX, &error), error,
+    succeed(api().event_wait(get(), event.get(), UINT64_MAX, &error), error,
             "event_wait(forever)");
 }
 
@@ -126,47 +122,43 @@ void OpenDevice::finish(const Stream &stream) { wait(flush(stream)); }
 
 bp_status OpenDevice::tryUpload(const Stream &stream, const Page &page, uint64_t offset,
                                 const void *data, uint64_t size, bp_error &error) {
-    bp_copy_host_to_device_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_copy_host_to_device_args>();
     args.src = data;
     args.dst = page.get();
     args.dst_offset = offset;
     args.size = size;
-    return api().copy_host_to_device(device_, stream.get(), &args, &error);
+    return api().copy_host_to_device(get(), stream.get(), &args, &error);
 }
 
 bp_status OpenDevice::tryDownload(const Stream &stream, const Page &page, uint64_t offset,
                                   void *into, uint64_t size, bp_error &error) {
-    bp_copy_device_to_host_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_copy_device_to_host_args>();
     args.src = page.get();
     args.src_offset = offset;
     args.dst = into;
     args.size = size;
-    return api().copy_device_to_host(device_, stream.get(), &args, &error);
+    return api().copy_device_to_host(get(), stream.get(), &args, &error);
 }
 
 bp_status OpenDevice::tryCopy(const Stream &stream, const Page &src, uint64_t srcOffset,
                               const Page &dst, uint64_t dstOffset, uint64_t size, bp_error &error) {
-    bp_copy_device_to_device_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_copy_device_to_device_args>();
     args.src = src.get();
     args.src_offset = srcOffset;
     args.dst = dst.get();
     args.dst_offset = dstOffset;
     args.size = size;
-    return api().copy_device_to_device(device_, stream.get(), &args, &error);
+    return api().copy_device_to_device(get(), stream.get(), &args, &error);
 }
 
 bp_status OpenDevice::tryFill(const Stream &stream, const Page &page, uint64_t offset,
                               uint64_t size, uint32_t pattern, bp_error &error) {
-    bp_fill_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_fill_args>();
     args.dst = page.get();
     args.offset = offset;
     args.size = size;
     args.pattern = pattern;
-    return api().fill(device_, stream.get(), &args, &error);
+    return api().fill(get(), stream.get(), &args, &error);
 }
 
 namespace {
@@ -221,8 +213,7 @@ bp_status compileKernel(const OpenDevice &device, bp_dialect dialect, const Kern
             static_cast<std::string *>(user)->append(static_cast<const char *>(data), size);
         }
     };
-    bp_kernel_compile_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_kernel_compile_args>();
     args.dialect = dialect;
     args.entry_point = source.entry;
     args.source = source.source;
@@ -242,17 +233,16 @@ Kernel OpenDevice::saxpy(bp_dialect dialect) {
         succeed(status, error, "kernel_compile(saxpy, dialect " + std::to_string(dialect) + ")" +
                                    (log.empty() ? "" : " log: " + fieldText(log.data(), std::min<size_t>(log.size(), 2000))));
     require(!binary.empty(), "kernel_compile succeeded but wrote no binary");
-    bp_kernel_load_args load{};
-    load.struct_size = sizeof(load);
+    auto load = abi::make<bp_kernel_load_args>();
     load.dialect = dialect;
     load.entry_point = source.entry;
     load.binary = binary.data();
     load.binary_size = binary.size();
     bp_kernel *kernel = nullptr;
     error = makeError();
-    succeed(api().kernel_load(device_, &load, &kernel, &error), error, "kernel_load(saxpy)");
+    succeed(api().kernel_load(get(), &load, &kernel, &error), error, "kernel_load(saxpy)");
     require(kernel != nullptr, "kernel_load succeeded but returned a NULL kernel");
-    return Kernel(device_, kernel, api().kernel_release);
+    return Kernel(api(), get(), kernel);
 }
 
 bp_dialect OpenDevice::saxpyDialect() const {
@@ -270,8 +260,7 @@ bp_launch_args saxpyArgs(const Kernel &kernel, const Page &x, const Page &y, flo
     bindings[0] = {x.get(), xOffset, uint64_t{n} * sizeof(float)};
     bindings[1] = {y.get(), 0, uint64_t{n} * sizeof(float)};
     scalars = {a, n};
-    bp_launch_args args{};
-    args.struct_size = sizeof(args);
+    auto args = abi::make<bp_launch_args>();
     args.kernel = kernel.get();
     args.grid[0] = (n + block - 1) / block;
     args.grid[1] = args.grid[2] = 1;
@@ -290,7 +279,7 @@ bp_status OpenDevice::launchSaxpy(const Stream &stream, const Kernel &kernel, co
     bp_binding bindings[2];
     SaxpyScalars scalars;
     const bp_launch_args args = saxpyArgs(kernel, x, y, a, n, block, xOffset, bindings, scalars);
-    return api().kernel_launch(device_, stream.get(), &args, &error);
+    return api().kernel_launch(get(), stream.get(), &args, &error);
 }
 
 // Data helpers ------------------------------------------------------------------------------------

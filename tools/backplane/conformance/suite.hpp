@@ -7,6 +7,7 @@
 // handles of handles.hpp; a crash or hang in a case is caught by the runner (runner.hpp), which
 // runs cases in a child process.
 
+#include <backplane/abi/caller.hpp>
 #include <backplane/abi/plugin.h>
 #include <backplane/raw_plugin.hpp>
 
