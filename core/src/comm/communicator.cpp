@@ -518,7 +518,7 @@ uint64_t bytesOf(uint64_t count, DataType type, uint64_t times, const char *what
     return count * es * times;
 }
 
-/// The plugins' rule for send and recv ranges that overlap (plugins/host/host_comm.cpp,
+/// The plugins' rule for send and recv ranges that overlap (plugins/host/gloo/host_comm.cpp,
 /// plugins/cuda/gpu_collectives.cpp prepareCall): only NCCL's in-place layouts are allowed. Two
 /// Buffers share bytes only when they are views of one allocation (Buffer::id; allocations never
 /// overlap), so the views' offsets compare as the plugins compare memory and absolute offsets.
