@@ -19,8 +19,9 @@ namespace backplane::host {
 /// kernel, and every launch recorded with it) lets go.
 class LoadedObject {
 public:
-    LoadedObject(void *handle, bp_host_kernel_fn function, bp_host_kernel_runs_fn runs = nullptr)
-        : handle_(handle), entry_(function), runs_(runs) {}
+    LoadedObject(void *handle, bp_host_kernel_fn function,
+                 bp_host_kernel_runs_fn runsEntry = nullptr)
+        : handle_(handle), entry_(function), runs_(runsEntry) {}
     ~LoadedObject();
     LoadedObject(const LoadedObject &) = delete;
     LoadedObject &operator=(const LoadedObject &) = delete;

@@ -6,7 +6,10 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <type_traits>
@@ -185,7 +188,10 @@ HostMemory::HostMemory(HostDevice &owner, void *data, uint64_t size, bool owned)
     : owner_(owner), data_(static_cast<unsigned char *>(data)), size_(size), owned_(owned) {}
 
 HostMemory::~HostMemory() {
-    if (!owned_) return; // registered: the application's memory
+    if (!owned_) { // registered: the application's memory
+        owner_.unregisterRange(data_);
+        return;
+    }
     std::free(data_);
     owner_.releaseBytes(size_);
 }
@@ -241,8 +247,72 @@ std::unique_ptr<sdk::Memory> HostDevice::allocate(const bp_memory_allocate_args 
     return std::make_unique<HostMemory>(*this, data, args.size);
 }
 
+namespace {
+
+/// Why [data, data + size) cannot be registered: some of it is not mapped readable and writable
+/// in this process (/proc/self/maps), or "" when all of it is (or the maps cannot be read).
+/// Transfers write into registered memory from a stream worker, where a fault would end the
+/// process (CUDA's cuMemHostRegister refuses such ranges too).
+std::string unusableRange(uintptr_t begin, uintptr_t end) {
+    std::ifstream maps("/proc/self/maps");
+    if (!maps) return {};
+    uintptr_t covered = begin; // everything below it is mapped rw
+    std::string line;
+    while (covered < end && std::getline(maps, line)) {
+        unsigned long long low = 0, high = 0;
+        char perms[5] = {};
+        if (std::sscanf(line.c_str(), "%llx-%llx %4s", &low, &high, perms) != 3) continue;
+        if (high <= covered) continue;
+        if (low > covered) break; // a hole (the file is sorted by address)
+        if (perms[0] != 'r' || perms[1] != 'w')
+            return "the mapping " + line.substr(0, line.find(' ', line.find(' ') + 1)) +
+                   " is not readable and writable";
+        covered = static_cast<uintptr_t>(high);
+    }
+    if (covered < end) {
+        std::ostringstream at;
+        at << "the address 0x" << std::hex << covered << " is not mapped";
+        return at.str();
+    }
+    return {};
+}
+
+} // namespace
+
 std::unique_ptr<sdk::Memory> HostDevice::registerHost(const bp_memory_register_args &args) {
-    return std::make_unique<HostMemory>(*this, args.host, args.size, false);
+    const auto begin = reinterpret_cast<uintptr_t>(args.host);
+    const auto range = [&] {
+        std::ostringstream text;
+        text << "[" << args.host << ", +" << args.size << " bytes)";
+        return text.str();
+    };
+    if (args.size > std::numeric_limits<uintptr_t>::max() - begin)
+        invalid("memory_register: " + range() + " wraps past the end of the address space");
+    const uintptr_t end = begin + static_cast<uintptr_t>(args.size);
+    if (const std::string why = unusableRange(begin, end); !why.empty())
+        invalid("memory_register: " + range() + " cannot be registered: " + why +
+                "; register memory the application allocated and may write");
+    std::lock_guard lock(registeredMutex_);
+    auto next = registered_.lower_bound(begin);
+    const bool overlapsNext = next != registered_.end() && next->first < end;
+    const bool overlapsPrevious = next != registered_.begin() &&
+                                  std::prev(next)->first + std::prev(next)->second > begin;
+    if (overlapsNext || overlapsPrevious) {
+        const auto &other = overlapsNext ? *next : *std::prev(next);
+        std::ostringstream text;
+        text << "memory_register: " << range() << " overlaps the registered range ["
+             << reinterpret_cast<const void *>(other.first) << ", +" << other.second
+             << " bytes); register each range once (as CUDA's cuMemHostRegister requires)";
+        invalid(text.str());
+    }
+    auto memory = std::make_unique<HostMemory>(*this, args.host, args.size, false);
+    registered_.emplace(begin, args.size);
+    return memory;
+}
+
+void HostDevice::unregisterRange(const void *data) noexcept {
+    std::lock_guard lock(registeredMutex_);
+    registered_.erase(reinterpret_cast<uintptr_t>(data));
 }
 
 void *HostDevice::map(sdk::Memory &memory) {

@@ -12,7 +12,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -146,6 +148,8 @@ public:
 
     /// Returns `bytes` to the allocation budget; called by ~HostMemory.
     void releaseBytes(uint64_t bytes) noexcept;
+    /// Forgets a registered range; called by ~HostMemory of registered memory.
+    void unregisterRange(const void *data) noexcept;
 
 private:
     HostStream &ownStream(sdk::Stream &stream) const;
@@ -170,6 +174,9 @@ private:
     std::shared_ptr<std::atomic<uint64_t>> allocated_;
     std::atomic<uint64_t> &allocatedBytes_; ///< *allocated_
     WorkgroupPool pool_;
+    /// Registered application ranges (start -> size): a range may be registered once.
+    std::mutex registeredMutex_;
+    std::map<uintptr_t, uint64_t> registered_;
 };
 
 } // namespace backplane::host

@@ -78,6 +78,10 @@ TEST_CASE("close() waits for issued work, refuses later calls and lets the devic
         CHECK(mentionsClose([&] { copy.fill(b, 1u); }));
         CHECK(mentionsClose([&] { (void)copy.read(b); }));
         CHECK(mentionsClose([&] { client.write(b, 0, words.data(), 16); }));
+        // No driver handle of a closed client (review finding: live pointers came back).
+        CHECK(mentionsClose([&] { (void)client.nativeHandle(NativeKind::Device); }));
+        CHECK(mentionsClose([&] { (void)client.nativeHandle(NativeKind::Stream); }));
+        CHECK(mentionsClose([&] { (void)copy.nativeHandle(NativeKind::Memory, &b); }));
         // The device opens again while the closed client's PinnedBuffer and Buffer live.
         ComputeClient again = r->open(selection);
         Buffer fresh = again.createFrom<uint32_t>(std::vector<uint32_t>(16, 5));

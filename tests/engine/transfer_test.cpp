@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -326,4 +328,51 @@ TEST_CASE("memory_register checks its arguments and memory_free leaves the memor
     mine[0] = 0x44;
     CHECK(mine[4095] == 0x33);
     api.device_close(device);
+}
+
+TEST_CASE("registerHost refuses what the host cannot use: read-only, unmapped, overlapping") {
+    // Review finding: the host plugin registered a read-only page (a later readInto into it
+    // faulted in the stream worker: the process died), an unmapped address, and a range
+    // overlapping a registration (the header, and CUDA, refuse that).
+    ComputeClient client = openHost();
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    void *readOnly = ::mmap(nullptr, 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(readOnly != MAP_FAILED);
+    const auto refused = [&](void *data, size_t size, const char *what) {
+        try {
+            (void)client.registerHost(data, size);
+            const std::string registered = std::string(what) + " was registered";
+            FAIL_CHECK(registered);
+        } catch (const Error &e) {
+            CHECK(codeOf(e) == "invalid_argument");
+            const std::string message = std::string(what) + ": " + e.what();
+            MESSAGE(message);
+        }
+    };
+    refused(readOnly, page, "a read-only page");
+    // The second page unmapped: a range running into it.
+    void *writable = ::mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                            -1, 0);
+    REQUIRE(writable != MAP_FAILED);
+    REQUIRE(::munmap(static_cast<char *>(writable) + page, page) == 0);
+    refused(writable, 2 * page, "a range running into an unmapped page");
+    refused(reinterpret_cast<void *>(uintptr_t{0x1000}), 4096, "the unmapped address 0x1000");
+
+    std::vector<unsigned char> mine(3 * page, 0x11);
+    {
+        const PinnedBuffer first = client.registerHost(mine.data() + page, page);
+        refused(mine.data(), 2 * page, "a range overlapping a registration from below");
+        refused(mine.data() + page + 100, 10, "a range inside a registration");
+        refused(mine.data() + 2 * page - 1, page, "a range overlapping a registration from above");
+        // Beside it is fine, and the device keeps working.
+        const PinnedBuffer beside = client.registerHost(mine.data(), page);
+        const Buffer buffer = client.createFrom<unsigned char>(std::vector<unsigned char>(page, 7));
+        client.readInto(buffer, 0, beside, page);
+        CHECK(mine[0] == 7);
+    }
+    // Released registrations may be registered again.
+    const PinnedBuffer again = client.registerHost(mine.data(), 2 * page);
+    CHECK(again.size() == 2 * page);
+    ::munmap(readOnly, 2 * page);
+    ::munmap(writable, page);
 }

@@ -328,7 +328,8 @@ public:
 
     /// Closes this client and every copy of it: waits for the work issued so far (a ReadFuture
     /// of it still returns its bytes), returns idle memory, and from then on every call of the
-    /// client, and every use of its Buffers, throws Error(InvalidArgument) saying it was closed.
+    /// client, and every use of its Buffers, throws Error(InvalidArgument) saying it was closed;
+    /// only device(), stats() and memoryUsage() keep answering (what they last knew).
     /// Idempotent. The device may be opened again (Runtime::open) at once, also while
     /// ReadFutures or PinnedBuffers of this client live; the client's remaining memory goes back
     /// when its last copy and Buffer are gone.

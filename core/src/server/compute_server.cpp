@@ -852,6 +852,9 @@ EngineStats ComputeServer::stats() {
 }
 
 uint64_t ComputeServer::nativeHandle(StreamId stream, NativeKind kind, const Buffer *buffer) {
+    // Review finding: a closed client handed out live driver handles (a device, a stream, a
+    // buffer's memory) that the close had already released or was about to.
+    checkAlive();
     std::lock_guard lock(mutex_);
     switch (kind) {
     case NativeKind::Device: return driver_->nativeHandle(BP_NATIVE_DEVICE, nullptr);
