@@ -9,7 +9,7 @@
 #include "client/open_client.hpp"
 #include "plugin/device_info.hpp"
 #include "plugin/plugin_library.hpp"
-#include "server/driver.hpp"
+#include "device/driver.hpp"
 #include "server/kernel_registry.hpp"
 
 #include <backplane/cache.hpp>

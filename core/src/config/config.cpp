@@ -6,7 +6,7 @@
 
 #include "config/config_text.hpp"
 #include "input/json_input.hpp"
-#include "runtime/device_selector.hpp"
+#include "config/device_selector.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -7,7 +7,7 @@
 #include "loader/plugin_probe.hpp"
 #include "loader/probe_cache.hpp"
 #include "loader/probe_process.hpp"
-#include "runtime/device_selector.hpp"
+#include "config/device_selector.hpp"
 
 #include <backplane/cache.hpp>
 #include <backplane/log.hpp>

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "memory/slice.hpp"
-#include "server/driver.hpp"
+#include "device/driver.hpp"
 #include "trace/trace_recorder.hpp"
 
 #include <backplane/client.hpp>

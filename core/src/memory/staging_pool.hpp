@@ -1,7 +1,7 @@
 // StagingPool: the pinned host blocks of one device that pageable transfers and reads stage through.
 #pragma once
 
-#include "server/driver.hpp"
+#include "device/driver.hpp"
 #include "stream/multi_stream.hpp"
 
 #include <cstdint>

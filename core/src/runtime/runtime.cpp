@@ -4,7 +4,7 @@
 #include "input/json_input.hpp"
 #include "loader/plugin_loader.hpp"
 #include "runtime/device_list.hpp"
-#include "runtime/device_selector.hpp"
+#include "config/device_selector.hpp"
 
 #include <backplane/error.hpp>
 #include <backplane/log.hpp>

@@ -4,7 +4,7 @@
 #include "memory/memory_pool.hpp"
 #include "memory/slice.hpp"
 #include "memory/staging_pool.hpp"
-#include "server/driver.hpp"
+#include "device/driver.hpp"
 #include "server/kernel_registry.hpp"
 #include "stream/hazards.hpp"
 #include "stream/multi_stream.hpp"

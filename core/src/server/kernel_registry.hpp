@@ -1,7 +1,7 @@
 // KernelRegistry: the loaded kernels of one device; compiles and disk-cache I/O run outside locks.
 #pragma once
 
-#include "server/driver.hpp"
+#include "device/driver.hpp"
 
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>

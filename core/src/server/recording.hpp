@@ -3,7 +3,7 @@
 
 #include "memory/slice.hpp"
 #include "memory/staging_pool.hpp"
-#include "server/driver.hpp"
+#include "device/driver.hpp"
 
 #include <backplane/client.hpp>
 

@@ -1,5 +1,5 @@
 // Driver: status checks and handle ownership over one opened device of a plugin.
-#include "server/driver.hpp"
+#include "device/driver.hpp"
 
 #include <backplane/log.hpp>
 
