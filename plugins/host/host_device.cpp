@@ -189,7 +189,7 @@ HostMemory::HostMemory(HostDevice &owner, void *data, uint64_t size, bool owned)
 
 HostMemory::~HostMemory() {
     if (!owned_) { // registered: the application's memory
-        owner_.unregisterRange(data_);
+        if (registered_) owner_.unregisterRange(data_);
         return;
     }
     std::free(data_);
@@ -292,6 +292,9 @@ std::unique_ptr<sdk::Memory> HostDevice::registerHost(const bp_memory_register_a
     if (const std::string why = unusableRange(begin, end); !why.empty())
         invalid("memory_register: " + range() + " cannot be registered: " + why +
                 "; register memory the application allocated and may write");
+    // Made before the lock: its destructor (unregisterRange) takes the lock, so it must not
+    // run while this function holds it (a throwing emplace below would otherwise self-deadlock).
+    auto memory = std::make_unique<HostMemory>(*this, args.host, args.size, false);
     std::lock_guard lock(registeredMutex_);
     auto next = registered_.lower_bound(begin);
     const bool overlapsNext = next != registered_.end() && next->first < end;
@@ -305,8 +308,8 @@ std::unique_ptr<sdk::Memory> HostDevice::registerHost(const bp_memory_register_a
              << " bytes); register each range once (as CUDA's cuMemHostRegister requires)";
         invalid(text.str());
     }
-    auto memory = std::make_unique<HostMemory>(*this, args.host, args.size, false);
     registered_.emplace(begin, args.size);
+    memory->markRegistered();
     return memory;
 }
 

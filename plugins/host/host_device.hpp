@@ -35,12 +35,16 @@ public:
     unsigned char *data() const noexcept { return data_; }
     uint64_t size() const noexcept { return size_; }
     const HostDevice &owner() const noexcept { return owner_; }
+    /// Registered memory: called once the device recorded the range (the destructor then
+    /// forgets it there; a registration refused before that leaves the device's list alone).
+    void markRegistered() noexcept { registered_ = true; }
 
 private:
     HostDevice &owner_;
     unsigned char *data_;
     uint64_t size_;
     bool owned_;
+    bool registered_ = false;
 };
 
 /// A loaded host-dialect kernel: a function pointer of this process and the caller's user_data

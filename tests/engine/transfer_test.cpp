@@ -376,3 +376,26 @@ TEST_CASE("registerHost refuses what the host cannot use: read-only, unmapped, o
     ::munmap(readOnly, 2 * page);
     ::munmap(writable, page);
 }
+
+TEST_CASE("a range registered again right after its PinnedBuffer and transfer are done is accepted") {
+    // Review finding: the transfer's hold on the registration is dropped by the GC a little
+    // after readInto returned, so registering the range again was refused now and then (about
+    // 4 % of tries) as overlapping itself. The core lets completed holds go and asks once more.
+    for (const bool async : {true, false}) {
+        CAPTURE(async);
+        ComputeClient client = openHost(async ? R"({"mode": "async"})" : R"({"mode": "sync"})");
+        std::vector<unsigned char> mine(8192, 1);
+        const Buffer buffer = client.createFrom<unsigned char>(std::vector<unsigned char>(4096, 9));
+        int refused = 0;
+        for (int i = 0; i < 300; ++i) {
+            try {
+                const PinnedBuffer registered = client.registerHost(mine.data(), i % 2 ? 8192 : 4096);
+                client.readInto(buffer, 0, registered, 4096);
+            } catch (const Error &e) {
+                if (refused++ == 0) MESSAGE(e.what());
+            }
+        }
+        CHECK(refused == 0);
+        CHECK(mine[0] == 9);
+    }
+}

@@ -384,6 +384,17 @@ PinnedBuffer ComputeServer::registerHost(void *data, size_t size) {
                         " bytes from the given address run past the end of the address space");
     // The page's owner unregisters the range when the last PinnedBuffer copy, recording or
     // pending transfer holding the block lets it go.
+    try {
+        return PinnedBuffer(std::make_shared<PinnedBlock>(driver_->registerHost(data, size)));
+    } catch (const Error &e) {
+        if (e.code() != ErrorCode::InvalidArgument) throw;
+        // The range may overlap an earlier registration that only completed transfers still
+        // hold: their holds go when the GC sees the fences (review finding: registering a range
+        // again right after its PinnedBuffer and readInto were done was refused now and then).
+        // Let those go, then ask once more; a range that is really in use is refused again.
+        syncAll();
+        if (multi_) multi_->gc().drain();
+    }
     return PinnedBuffer(std::make_shared<PinnedBlock>(driver_->registerHost(data, size)));
 }
 
