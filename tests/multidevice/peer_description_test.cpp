@@ -149,3 +149,26 @@ TEST_CASE("every truncation of a valid description is refused with an Error") {
         (void)refusal(valid.substr(0, n));
     }
 }
+
+TEST_CASE("a refusal's message is whole UTF-8 and plugin names are plain identifiers") {
+    // Review findings: the echoed value was cut inside a multi-byte character, and plugin names
+    // with a newline or a NUL were accepted.
+    std::string ranks = "\"";
+    for (int i = 0; i < 40; ++i) ranks += "\xE2\x82\xAC"; // U+20AC, three bytes each
+    ranks += "\"";
+    const std::string message = refusal(describedAs(ranks));
+    // Every lead byte in the message has all its continuation bytes.
+    for (size_t i = 0; i < message.size();) {
+        const auto c = static_cast<unsigned char>(message[i]);
+        const size_t length = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+        REQUIRE_MESSAGE(i + length <= message.size(), "cut inside a character: " << message);
+        for (size_t k = 1; k < length; ++k)
+            REQUIRE((static_cast<unsigned char>(message[i + k]) & 0xC0) == 0x80);
+        i += length;
+    }
+    for (const char *name : {R"("ho\nst")", R"("host\u0000")", R"("a b")", R"("x/y")"}) {
+        CAPTURE(name);
+        CHECK(refusal(describedAs("1", std::string("[") + name + "]"))
+                  .find("a plugin name has only letters") != std::string::npos);
+    }
+}

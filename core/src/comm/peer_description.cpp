@@ -6,6 +6,7 @@
 #include <backplane/error.hpp>
 
 #include <algorithm>
+#include <cctype>
 
 namespace backplane::detail {
 namespace {
@@ -27,8 +28,14 @@ std::string originOf(uint32_t process) {
 /// "boolean true", "string \"1\"", "the integer 7", "an array": what a peer sent where something
 /// else was expected, cut short (a peer's text is never echoed whole).
 std::string describe(const Json &value) {
+    // dumpJson escapes control characters; the cut goes back to the start of a UTF-8 character
+    // so the message never ends in half of one (review finding).
     std::string text = dumpJson(value);
-    if (text.size() > 32) text = text.substr(0, 32) + "…";
+    if (text.size() > 32) {
+        size_t cut = 32;
+        while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+        text = text.substr(0, cut) + "…";
+    }
     if (value.is_null()) return "null";
     if (value.is_boolean()) return "boolean " + text;
     if (value.is_string()) return "string " + text;
@@ -101,6 +108,13 @@ PeerDescription parsePeerDescription(std::string_view text, uint32_t process) {
             refuse(process, pointer,
                    "a plugin name of " + std::to_string(value.size()) + " bytes; expected 1 to " +
                        std::to_string(kMaxPeerPluginNameBytes));
+        // Plugin names are identifiers (manifests allow letters, digits, '_', '-' and '.'):
+        // nothing a log line or a message could be garbled by (review finding: "ho\nst\u0000").
+        for (const char c : value)
+            if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+                refuse(process, pointer,
+                       describe(name) + "; a plugin name has only letters, digits, '_', '-' "
+                                        "and '.'");
         d.plugins.push_back(value);
     }
     const Json &collectives = rankList(root, "collectives", d.ranks, process);
