@@ -166,6 +166,11 @@ std::string fixed(double v, int digits = 1) {
 std::string timeLabel(double us) {
     if (us == 0) return "0";
     const double a = std::fabs(us);
+    if (a >= 1e12) { // past a million seconds (a hostile or broken file): 3 significant digits
+        char b[32];
+        std::snprintf(b, sizeof(b), "%.3g s", us / 1e6);
+        return b;
+    }
     if (a >= 1e6) return fixed(us / 1e6, a >= 1e7 ? 0 : 1) + " s";
     if (a >= 1e3) return fixed(us / 1e3, a >= 1e4 ? 0 : 1) + " ms";
     return fixed(us, a >= 10 ? 0 : 1) + " us";
