@@ -1151,6 +1151,17 @@ TEST_CASE("compiled host kernels give the interpreter's bits: every library kern
         sameOnBothHosts(kernels::matmul(tiles), {bytesOf(randomFloats(m * kk, 8)), bytesOf(randomFloats(kk * nn, 9))},
                         {m * nn * 4}, d, true);
     }
+    // The register-blocked matmul is what the generator's statement packs are for (f32x4 FMAs):
+    // odd sizes, so that vector loads run past rows and the end of B, and edgy values.
+    for (const kernels::RegisterTiles tiles : {kernels::RegisterTiles{4, 4, 16, 4}, kernels::RegisterTiles{6, 2, 8, 8},
+                                               kernels::RegisterTiles{3, 1, 4, 2}}) {
+        Dispatch d;
+        d.block = {tiles.threadsX, tiles.threadsY, 1};
+        d.grid = {ceilDiv(nn, tiles.cols() * tiles.threadsX), ceilDiv(m, tiles.rows * tiles.threadsY), 1};
+        d.scalar(m).scalar(nn).scalar(kk);
+        sameOnBothHosts(kernels::matmulRegisters(tiles), {bytesOf(edgyFloats(m * kk, 13)), bytesOf(edgyFloats(kk * nn, 14))},
+                        {m * nn * 4}, d, true);
+    }
     const uint32_t rows = 5, cols = 1003;
     Dispatch rowsD;
     rowsD.block = {64, 1, 1};
@@ -1172,4 +1183,47 @@ TEST_CASE("compiled host kernels give the interpreter's bits: every library kern
     // the note says so, and the results are the interpreter's.
     const lang::Kernel mu = kernels::matmulMatrixUnits<lang::f16>({32, 32, 16, 1, 1, 8});
     CHECK(mu.hostNote(compiled->device()).find("interpreted: the host generator cannot compile matrix") == 0);
+}
+
+TEST_CASE("statement packs: broadcasts, vector parts and values of the pack give the interpreter's bits") {
+    auto [compiled, interpreted] = hostPair();
+    if (compiled == nullptr) {
+        MESSAGE("the host compiles no kernels here; nothing to compare");
+        return;
+    }
+    // Per lane: a private array filled from x, then groups the generator packs into f32x4
+    // statements (fma with a broadcast scalar and a vector's parts; -, / and * on values of the
+    // pack and the array), and a group it must not pack (the parts in a shuffled order).
+    const lang::Kernel kernel = lang::kernel("packed_groups", [](lang::Builder &k) {
+        auto x = k.input<float>();
+        auto y = k.output<float>();
+        auto s = k.scalar<float>();
+        auto offset = k.scalar<uint32_t>();
+        auto g = k.globalId().x;
+        auto acc = k.array<float>(12);
+        for (uint32_t i = 0; i < 12; ++i) acc[i] = x[g * 3u + i];
+        const auto v = lang::loadVector<4>(x, g * 4u + offset);
+        for (uint32_t j = 0; j < 4; ++j) acc[j] = fma(s, v[j], acc[j]);
+        for (uint32_t j = 0; j < 4; ++j) acc[4 + j] = (v[j] - acc[j]) / acc[4 + j] * s + acc[8 + j];
+        const uint32_t shuffled[4] = {0, 2, 1, 3};
+        for (uint32_t j = 0; j < 4; ++j) acc[8 + j] = fma(v[shuffled[j]], acc[j], acc[8 + j]);
+        for (uint32_t i = 0; i < 12; ++i) y[g * 12u + i] = acc[i];
+    });
+    const uint32_t n = 1001, lanes = 256;
+    REQUIRE(kernel.hostNote(compiled->device()).rfind("compiled", 0) == 0);
+    // The first two groups are packed, the shuffled one is not.
+    const std::string text = kernel.text(Dialect::Cpp);
+    size_t packs = 0;
+    for (size_t at = text.find("as vector statements"); at != std::string::npos;
+         at = text.find("as vector statements", at + 1))
+        ++packs;
+    if (const char *dump = std::getenv("BP_DUMP_PACKS"); dump != nullptr) std::fputs(text.c_str(), stderr);
+    CHECK(packs == 2);
+    CHECK(text.find("fma4(splat4(") != std::string::npos);
+    for (const uint32_t offset : {0u, 2u, 5u, 0xfffffffeu}) {
+        CAPTURE(offset);
+        Dispatch d = oneD(lanes, 64);
+        d.scalar(1.25f).scalar(offset);
+        sameOnBothHosts(kernel, {bytesOf(edgyFloats(n, 15 + offset % 7))}, {lanes * 12 * 4}, d, true);
+    }
 }

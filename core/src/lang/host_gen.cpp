@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -32,6 +33,7 @@ namespace {
 //   the interpreter (and are not folded at compile time), and nothing is contracted.
 
 constexpr uint32_t kWorkgroupLevel = UINT32_MAX; // the region of workgroup-level code
+constexpr uint32_t kPackWidth = 4;              // elements of f32x4, the generated SIMD type
 
 struct Unsupported {
     std::string reason;
@@ -184,6 +186,18 @@ BP_INLINE u16 f2bf(float f) {
 }
 BP_INLINE float rh(float x) { return h2f(f2h(x)); }
 BP_INLINE float rb(float x) { return bf2f(f2bf(x)); }
+// Four floats as one SIMD value: what the statement packs of the generator (packRun) and the
+// vector loads of float buffers compute with. The fused multiply-add rounds once, as fmaf does.
+typedef float f32x4 __attribute__((vector_size(16)));
+BP_INLINE f32x4 splat4(float x) { return (f32x4){x, x, x, x}; }
+BP_INLINE f32x4 fma4(f32x4 a, f32x4 b, f32x4 c) {
+#if defined(__FMA__) && (defined(__x86_64__) || defined(__i386__))
+    return __builtin_ia32_vfmaddps(a, b, c);
+#else
+    return (f32x4){__builtin_fmaf(a[0], b[0], c[0]), __builtin_fmaf(a[1], b[1], c[1]),
+                   __builtin_fmaf(a[2], b[2], c[2]), __builtin_fmaf(a[3], b[3], c[3])};
+#endif
+}
 BP_INLINE i32 divi(i32 x, i32 y) { return y == 0 ? 0 : y == -1 ? (i32)(0u - (u32)x) : x / y; }
 BP_INLINE u32 divu(u32 x, u32 y) { return y == 0 ? 0u : x / y; }
 BP_INLINE i32 remi(i32 x, i32 y) { return y == 0 || y == -1 ? 0 : x % y; }
@@ -328,12 +342,18 @@ private:
     size_t emitLaneStmt(const std::vector<Stmt> &stmts, size_t i, uint32_t region);
     void emitStore(const Stmt &s, uint32_t region);
     bool vectorRun(const std::vector<Stmt> &stmts, size_t i) const;
+    /// Whether a vector load starting at stmts[i] is printed as one f32x4 value (x<part 0>).
+    bool floatVector(const std::vector<Stmt> &stmts, size_t i) const;
+    /// Statements per group of a pack starting at stmts[i] (0: none), see packRun's comment.
+    uint32_t packRun(const std::vector<Stmt> &stmts, size_t i, uint32_t region) const;
+    size_t emitPack(const std::vector<Stmt> &stmts, size_t i, uint32_t length, uint32_t region);
 
     const Module &m_;
     std::vector<uint8_t> barrier_; ///< per block: 0 unknown, 1 no, 2 yes
     std::vector<uint32_t> defRegion_;
     std::vector<std::set<uint32_t>> useRegions_, varRegions_, arrayRegions_;
     std::vector<bool> regionInLoop_, regionReturns_;
+    std::set<uint32_t> floatVectors_; ///< vector loads printed as f32x4 x<part 0>
     bool returns_ = false;
     bool multiRegion_ = false;
 
@@ -760,6 +780,167 @@ bool HostGenerator::vectorRun(const std::vector<Stmt> &stmts, size_t i) const {
     return true;
 }
 
+bool HostGenerator::floatVector(const std::vector<Stmt> &stmts, size_t i) const {
+    const Stmt &s = stmts[i];
+    if (s.kind != StmtKind::Let || !vectorRun(stmts, i)) return false;
+    const Node &n = m_.nodes.at(s.node);
+    return n.vectorWidth == kPackWidth && m_.bindings.at(n.imm).type == Type::F32;
+}
+
+/// Statement packing, the part of a vectorizer that CPU compilers miss here. A kernel written for
+/// SIMD (kernels.hpp's matmulRegisters) does the same few statements for each part of a vector:
+///     acc[8] = fma(a, bv[0], acc[8]); acc[9] = fma(a, bv[1], acc[9]); ...
+/// Printed as scalars, GCC and Clang keep them scalar: the accumulators live in registers across
+/// the loop, so their superword vectorizers find no stores to start from. A pack is kPackWidth
+/// consecutive groups of `length` statements, group k doing for element k what group 0 does
+/// for element 0; it is printed as `length` f32x4 statements, and each value of a group is then
+/// taken out of its vector (unused ones cost nothing). Group k's statement at position t:
+/// - is a Let of the same operation on f32 as group 0's (+, -, *, /, fma, or a load of a
+///   private array at a constant index), or a Store to such an array at a constant index;
+/// - has each operand either the same value in every group (a broadcast), a value of its own
+///   group defined earlier in the pack, or part k of a vector load of a float buffer;
+/// - accesses element base + k of a private array, each base the same in every group, and
+///   every base an array is stored at at least kPackWidth from its other bases.
+/// No element that one group stores is then touched by another, so running the pack position by
+/// position (all groups' statement t, then t + 1) computes what running it group by group does,
+/// bit for bit.
+uint32_t HostGenerator::packRun(const std::vector<Stmt> &stmts, size_t i, uint32_t region) const {
+    constexpr uint32_t kMaxLength = 8;
+    for (uint32_t length = 1; length <= kMaxLength; ++length) {
+        if (i + size_t{length} * kPackWidth > stmts.size()) return 0;
+        std::map<uint32_t, std::pair<uint32_t, uint32_t>> defined; // node -> group, position
+        std::map<uint64_t, std::set<uint64_t>> loads, stores;      // private array -> bases
+        bool ok = true, computes = false;
+        // An element index of private array `array` for group k: constant, in range, and group
+        // 0's index (index0) + k.
+        auto element = [&](uint64_t array, uint32_t index, uint32_t index0, uint32_t k, bool store) {
+            const Node &x = m_.nodes.at(index), &x0 = m_.nodes.at(index0);
+            const ArrayDecl &decl = m_.arrays.at(array);
+            if (x.op != Op::Constant || x0.op != Op::Constant || x.imm != x0.imm + k ||
+                decl.type != Type::F32 ||
+                !localArray(static_cast<uint32_t>(array)) || x.imm < k)
+                return false;
+            if (x0.imm + kPackWidth > decl.length) return false;
+            (store ? stores : loads)[array].insert(x0.imm);
+            return true;
+        };
+        // Operand `node` of group k at position t, with group 0's operand `node0`.
+        auto operand = [&](uint32_t node, uint32_t node0, uint32_t k, uint32_t t) {
+            const auto d = defined.find(node), d0 = defined.find(node0);
+            if (d != defined.end() || d0 != defined.end())
+                return d != defined.end() && d0 != defined.end() && d->second.first == k &&
+                       d->second.second < t && d0->second == std::make_pair(0u, d->second.second);
+            if (k > 0 && node == node0 + k && floatVectors_.count(node0) != 0 &&
+                m_.nodes.at(node).vectorPart == k)
+                return true; // part k of a vector load printed as x<node0>, still in scope
+            return m_.nodes.at(node0).type == Type::F32 && value(node, region) == value(node0, region);
+        };
+        for (uint32_t t = 0; t < length && ok; ++t) {
+            const Stmt &s0 = stmts[i + t];
+            for (uint32_t k = 0; k < kPackWidth && ok; ++k) {
+                const Stmt &s = stmts[i + size_t{k} * length + t];
+                if (s.kind != s0.kind) { ok = false; break; }
+                if (s.kind == StmtKind::Store) {
+                    ok = s.space == Space::Private && s.vectorWidth == 0 &&
+                         s.target == s0.target && element(s.target, s.index, s0.index, k, true) && defined.count(s.value) != 0 &&
+                         operand(s.value, s0.value, k, t);
+                    continue;
+                }
+                if (s.kind != StmtKind::Let) { ok = false; break; }
+                const Node &n = m_.nodes.at(s.node), &n0 = m_.nodes.at(s0.node);
+                if (n.op != n0.op || n.type != Type::F32 || n.vectorWidth != 0 ||
+                    spilledNode(s.node)) {
+                    ok = false;
+                    break;
+                }
+                switch (n.op) {
+                case Op::Load: ok = n.space == Space::Private && n.imm == n0.imm &&
+                                             element(n.imm, n.a, n0.a, k, false);
+                    break;
+                case Op::Add:
+                case Op::Sub:
+                case Op::Mul:
+                case Op::Div:
+                case Op::Fma:
+                    computes = true;
+                    for (const auto &[x, x0] : {std::pair{n.a, n0.a}, {n.b, n0.b}, {n.c, n0.c}})
+                        if (ok && (x == kNone) != (x0 == kNone)) ok = false;
+                        else if (ok && x != kNone) ok = operand(x, x0, k, t);
+                    break;
+                default: ok = false; break;
+                }
+                if (ok) defined[s.node] = {k, t};
+            }
+        }
+        // Group k touches elements base + k only: an element that a group stores is touched by
+        // no other group where every other base is at least the width away.
+        for (const auto &[array, bases] : stores) {
+            std::set<uint64_t> all = bases;
+            if (const auto l = loads.find(array); l != loads.end()) all.insert(l->second.begin(), l->second.end());
+            for (uint64_t stored : bases)
+                for (uint64_t other : all)
+                    if (other != stored && (other > stored ? other - stored : stored - other) < kPackWidth)
+                        ok = false;
+        }
+        if (ok && computes) return length;
+    }
+    return 0;
+}
+
+size_t HostGenerator::emitPack(const std::vector<Stmt> &stmts, size_t i, uint32_t length,
+                               uint32_t region) {
+    // Group 0's node names the vector of each position.
+    std::map<uint32_t, uint32_t> vectorOf; // node of any group -> group 0's node
+    for (uint32_t t = 0; t < length; ++t)
+        for (uint32_t k = 0; k < kPackWidth; ++k)
+            if (const Stmt &s = stmts[i + size_t{k} * length + t]; s.kind == StmtKind::Let)
+                vectorOf[s.node] = stmts[i + t].node;
+    // An operand as a vector, from group 0's and group 1's (packRun said which kind it is).
+    auto vec = [&](uint32_t node0, uint32_t node1) {
+        if (const auto v = vectorOf.find(node0); v != vectorOf.end())
+            return "x" + std::to_string(v->second); // computed in the pack
+        if (node1 != node0 && value(node1, region) != value(node0, region))
+            return "x" + std::to_string(node0); // the parts of a vector load
+        return "splat4(" + value(node0, region) + ")";
+    };
+    line("// " + std::to_string(kPackWidth) + " groups of " + std::to_string(length) +
+         " statements as vector statements");
+    for (uint32_t t = 0; t < length; ++t) {
+        const Stmt &s = stmts[i + t], &s1 = stmts[i + length + t];
+        if (s.kind == StmtKind::Store) {
+            const std::string first = constant(m_.nodes.at(s.index));
+            line("__builtin_memcpy(&" + privateRef(s.target, first) + ", &" +
+                 vec(s.value, s1.value) + ", sizeof(f32x4));");
+            continue;
+        }
+        const Node &n = m_.nodes.at(s.node), &n1 = m_.nodes.at(s1.node);
+        const std::string name = "x" + std::to_string(s.node);
+        switch (n.op) {
+        case Op::Load:
+            line("f32x4 " + name + ";");
+            line("__builtin_memcpy(&" + name + ", &" +
+                 privateRef(static_cast<uint32_t>(n.imm), constant(m_.nodes.at(n.a))) +
+                 ", sizeof(f32x4));");
+            break;
+        case Op::Fma:
+            line("const f32x4 " + name + " = fma4(" + vec(n.a, n1.a) + ", " + vec(n.b, n1.b) +
+                 ", " + vec(n.c, n1.c) + ");");
+            break;
+        default: {
+            const char *op = n.op == Op::Add ? " + " : n.op == Op::Sub ? " - " : n.op == Op::Mul ? " * " : " / ";
+            line("const f32x4 " + name + " = " + vec(n.a, n1.a) + op + vec(n.b, n1.b) + ";");
+            break;
+        }
+        }
+    }
+    for (uint32_t k = 0; k < kPackWidth; ++k)
+        for (uint32_t t = 0; t < length; ++t)
+            if (const Stmt &s = stmts[i + size_t{k} * length + t]; s.kind == StmtKind::Let)
+                line("const float v" + std::to_string(s.node) + " = x" +
+                     std::to_string(stmts[i + t].node) + "[" + std::to_string(k) + "];");
+    return size_t{length} * kPackWidth;
+}
+
 void HostGenerator::emitStore(const Stmt &s, uint32_t region) {
     const std::string v = value(s.value, region);
     const std::string t = std::to_string(s.target);
@@ -798,6 +979,8 @@ void HostGenerator::emitStore(const Stmt &s, uint32_t region) {
 
 size_t HostGenerator::emitLaneStmt(const std::vector<Stmt> &stmts, size_t i, uint32_t region) {
     const Stmt &s = stmts[i];
+    if (const uint32_t length = packRun(stmts, i, region); length != 0)
+        return emitPack(stmts, i, length, region);
     switch (s.kind) {
     case StmtKind::Let: {
         const Node &n = m_.nodes[s.node];
@@ -806,22 +989,37 @@ size_t HostGenerator::emitLaneStmt(const std::vector<Stmt> &stmts, size_t i, uin
         const std::string ty = valueType(n.type);
         const bool spilled = spilledNode(s.node);
         if (vectorRun(stmts, i)) {
-            // One range check for the whole vector; each part is still the scalar load at its
-            // own index (in range whenever the first index and the width are).
+            // One range check for the whole vector. Part k's index is first + k, saturated at
+            // 2^32 - 1 (builder.cpp's partIndices): where first + width - 1 does not pass it, the
+            // parts are consecutive elements, which is what lets the compiler load them at once.
             const uint32_t width = n.vectorWidth;
             const std::string first = value(n.a, region), t = std::to_string(n.imm);
+            const std::string fits = "if ((u64)" + first + " + " + std::to_string(width) +
+                                     "u <= reach" + t + ") ";
             std::string fast, slow;
-            for (uint32_t k = 0; k < width; ++k) {
-                const uint32_t node = stmts[i + k].node;
-                const std::string part = "v" + std::to_string(node);
-                line(ty + " " + part + ";");
-                std::string e = "b" + t + "[" + value(m_.nodes[node].a, region) + "]";
-                if (m_.bindings[n.imm].type == Type::Bool) e = "(" + e + " != 0u)";
-                fast += part + " = " + e + "; ";
-                slow += part + " = " + load(m_.nodes[node], region) + "; ";
+            if (floatVector(stmts, i)) {
+                const std::string v = "x" + std::to_string(s.node);
+                for (uint32_t k = 0; k < width; ++k)
+                    slow += std::string(k == 0 ? "" : ", ") + load(m_.nodes[stmts[i + k].node], region);
+                floatVectors_.insert(s.node);
+                line("f32x4 " + v + ";");
+                line(fits + "__builtin_memcpy(&" + v + ", b" + t + " + " + first +
+                     ", sizeof(f32x4)); else " + v + " = (f32x4){" + slow + "};");
+                for (uint32_t k = 0; k < width; ++k)
+                    line("const float v" + std::to_string(stmts[i + k].node) + " = " + v + "[" +
+                         std::to_string(k) + "];");
+            } else {
+                for (uint32_t k = 0; k < width; ++k) {
+                    const uint32_t node = stmts[i + k].node;
+                    const std::string part = "v" + std::to_string(node);
+                    line(ty + " " + part + ";");
+                    std::string e = "b" + t + "[" + first + " + " + std::to_string(k) + "u]";
+                    if (m_.bindings[n.imm].type == Type::Bool) e = "(" + e + " != 0u)";
+                    fast += part + " = " + e + "; ";
+                    slow += part + " = " + load(m_.nodes[node], region) + "; ";
+                }
+                line(fits + "{ " + fast + "} else { " + slow + "}");
             }
-            line("if (" + first + " < n" + t + " && n" + t + " - " + first + " >= " +
-                 std::to_string(width) + "u) { " + fast + "} else { " + slow + "}");
             for (uint32_t k = 0; k < width; ++k)
                 if (spilledNode(stmts[i + k].node))
                     line("v" + std::to_string(stmts[i + k].node) + "_s[l] = v" +
@@ -842,11 +1040,12 @@ size_t HostGenerator::emitLaneStmt(const std::vector<Stmt> &stmts, size_t i, uin
                 std::string v = value(p.value, region);
                 if (m_.bindings[s.target].type == Type::Bool) v = "(" + v + " ? 1u : 0u)";
                 const std::string index = value(p.index, region);
-                fast += "b" + t + "[" + index + "] = " + v + "; ";
+                fast += "b" + t + "[" + first + " + " + std::to_string(k) + "u] = " + v + "; ";
                 slow += "if (" + index + " < n" + t + ") b" + t + "[" + index + "] = " + v + "; ";
             }
-            line("if (" + first + " < n" + t + " && n" + t + " - " + first + " >= " +
-                 std::to_string(width) + "u) { " + fast + "} else { " + slow + "}");
+            // As for loads: consecutive elements where first + width - 1 does not wrap.
+            line("if ((u64)" + first + " + " + std::to_string(width) + "u <= reach" + t + ") { " +
+                 fast + "} else { " + slow + "}");
             return width;
         }
         emitStore(s, region);
@@ -1065,7 +1264,10 @@ std::string HostGenerator::run() {
         line("    n" + t + " = ctx->buffer_sizes[" + t + "] / " + std::to_string(sizeOf(type)) + "u;");
         line("}");
         line("const u32 len" + t + " = n" + t + " < 0xffffffffu ? (u32)n" + t + " : 0xffffffffu;");
-        line("(void)b" + t + "; (void)len" + t + ";");
+        // Elements a u32 index reaches: a vector of w at `first` is whole and unwrapped where
+        // (u64)first + w <= reach (one comparison).
+        line("const u64 reach" + t + " = n" + t + " < 0x100000000ull ? n" + t + " : 0x100000000ull;");
+        line("(void)b" + t + "; (void)len" + t + "; (void)reach" + t + ";");
     }
     for (uint32_t i = 0; i < m_.scalars.size(); ++i) {
         const std::string t = std::to_string(i);
