@@ -1179,6 +1179,15 @@ TEST_CASE("compiled host kernels give the interpreter's bits: every library kern
     sameOnBothHosts(kernels::softmaxRows<float>(64), {bytesOf(x)}, {rows * cols * 4}, rowsD, true);
     sameOnBothHosts(kernels::softmaxRows<lang::f16>(64), {bytesOf(halves)}, {rows * cols * 2}, rowsD, false);
     sameOnBothHosts(kernels::softmaxRows<lang::bf16>(64), {bytesOf(brains)}, {rows * cols * 2}, rowsD, false);
+    {
+        // A row past 64 * 32 elements: the two-pass softmax instead of the one kept in registers.
+        const uint32_t longCols = 2100;
+        Dispatch longD = rowsD;
+        longD.scalars.clear();
+        longD.scalar(longCols);
+        sameOnBothHosts(kernels::softmaxRows<float>(64), {bytesOf(randomFloats(rows * longCols, 16, -3, 3))},
+                        {rows * longCols * 4}, longD, true);
+    }
     // The matrix-unit matmul is interpreted on the host (the generator prints no fragments yet):
     // the note says so, and the results are the interpreter's.
     const lang::Kernel mu = kernels::matmulMatrixUnits<lang::f16>({32, 32, 16, 1, 1, 8});

@@ -555,12 +555,18 @@ template <class T> lang::Kernel rowSum(uint32_t blockSize = 256) {
 }
 
 /// out = softmax of each row of x: exp(x - max of the row) / sum of those, computed in f32 and
-/// rounded to T when stored (T: f16, bf16 or float). Two passes over the row: the first keeps a
-/// running maximum and a sum rescaled whenever the maximum grows (an online softmax), the
-/// second writes; vector accesses where whole vectors fit. One workgroup per row: launch block
+/// rounded to T when stored (T: f16, bf16 or float). One workgroup per row: launch block
 /// {blockSize} (a power of two), grid {rows}. Bindings: x (read), out (write); scalar: cols.
+///
+/// A row of up to blockSize * 32 elements (8192 at block 256) is read once: each thread keeps
+/// its 32 values in registers (a private array at constant indices), takes the row's maximum,
+/// then exp(x - maximum) once per element, then the sum, and writes from the registers. A longer
+/// row takes two passes over memory: the first keeps a running maximum and a sum rescaled
+/// whenever the maximum grows (an online softmax), the second writes. Vector accesses where
+/// whole vectors fit, the tail element by element.
 template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
     constexpr uint32_t V = 16 / sizeof(T) > 8 ? 8 : 16 / sizeof(T);
+    constexpr uint32_t kKept = 32; // values each thread keeps in registers
     return lang::kernel("softmax_rows_" + std::string(lang::toString(lang::typeOf<T>())) + "_" +
                             std::to_string(blockSize),
                         [blockSize](lang::Builder &k) {
@@ -573,52 +579,121 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
         auto t = k.localId().x;
         auto base = k.groupId().x * cols;
         const float lowest = -std::numeric_limits<float>::infinity();
-        auto top = k.var<float>(lowest);
-        auto sum = k.var<float>(0.0f);
-        // (top, sum) absorbs a vector's values: one rescale of the sum to the new maximum per
-        // vector, then one exp per value. exp(-inf - -inf) is avoided: while the maximum is
-        // -inf the sum is 0 and stays 0.
-        detail::eachOfRow<T, V>(k, x, base, cols, blockSize, [&](auto, const auto &parts) {
-            std::vector<Value<float>> values;
-            for (const auto &p : parts) values.push_back(detail::toF32<T>(p));
-            std::vector<Value<float>> maxima{Value<float>(top)}; // Values are not reassignable
-            for (const auto &v : values) maxima.push_back(lang::max(maxima.back(), v));
-            const Value<float> &next = maxima.back();
-            Value<float> rescale = lang::select(top == lowest, Value<float>(0.0f), lang::exp(top - next));
-            std::vector<Value<float>> added{lang::exp(values[0] - next)};
-            for (size_t i = 1; i < values.size(); ++i) added.push_back(added.back() + lang::exp(values[i] - next));
-            sum = sum * rescale + added.back();
-            top = next;
-        });
-        tops[t] = top;
-        sums[t] = sum;
-        k.barrier();
-        for (uint32_t half = blockSize / 2; half > 0; half /= 2) {
-            k.If(t < half, [&] {
-                Value<float> m1 = tops[t], m2 = tops[t + half];
-                Value<float> m = lang::max(m1, m2);
-                Value<float> s1 = lang::select(m1 == lowest, Value<float>(0.0f), sums[t] * lang::exp(m1 - m));
-                Value<float> s2 = lang::select(m2 == lowest, Value<float>(0.0f), sums[t + half] * lang::exp(m2 - m));
-                tops[t] = m;
-                sums[t] = s1 + s2;
-            });
-            k.barrier();
-        }
-        Value<float> rowMax = tops[0u];
-        Value<float> scale = Value<float>(1.0f) / sums[0u];
-        const auto result = [&](const Value<T> &p) -> Value<T> {
-            Value<float> y = lang::exp(detail::toF32<T>(p) - rowMax) * scale;
+        auto whole = cols / V * V;
+        const auto rounded = [](const Value<float> &y) -> Value<T> {
             if constexpr (std::is_same_v<T, float>) return y;
             else return lang::cast<T>(y);
         };
-        auto whole = cols / V * V;
-        k.For(t * V, whole, blockSize * V, [&](Value<uint32_t> i) {
-            const lang::Vector<T, V> v = lang::loadVector<V>(x, base + i);
-            std::vector<Value<T>> parts;
-            for (const auto &p : v.parts()) parts.push_back(result(p));
-            lang::storeVector(out, base + i, lang::Vector<T, V>(std::move(parts)));
+        // The row's maximum and sum out of each thread's (top, sum): a tree over shared memory.
+        const auto combineTops = [&] {
+            k.barrier();
+            for (uint32_t half = blockSize / 2; half > 0; half /= 2) {
+                k.If(t < half, [&] { tops[t] = lang::max(tops[t], tops[t + half]); });
+                k.barrier();
+            }
+        };
+        const auto combineSums = [&] {
+            k.barrier();
+            for (uint32_t half = blockSize / 2; half > 0; half /= 2) {
+                k.If(t < half, [&] { sums[t] = sums[t] + sums[t + half]; });
+                k.barrier();
+            }
+        };
+        k.If(cols <= blockSize * kKept, [&] {
+            // Vector r of this thread starts at element (t + r * blockSize) * V: neighbouring
+            // threads read neighbouring vectors.
+            auto kept = k.array<float>(kKept);
+            auto top = k.var<float>(lowest);
+            for (uint32_t r = 0; r < kKept / V; ++r) {
+                auto i = (t + r * blockSize) * V;
+                k.If(i < whole, [&] {
+                    const lang::Vector<T, V> v = lang::loadVector<V>(x, base + i);
+                    for (uint32_t p = 0; p < V; ++p) {
+                        Value<float> f = detail::toF32<T>(v.parts()[p]);
+                        kept[r * V + p] = f;
+                        top = lang::max(top, f);
+                    }
+                });
+            }
+            k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) {
+                top = lang::max(top, detail::toF32<T>(Value<T>(x[base + i])));
+            });
+            tops[t] = top;
+            combineTops();
+            Value<float> rowMax = tops[0u];
+            auto sum = k.var<float>(0.0f);
+            for (uint32_t r = 0; r < kKept / V; ++r) {
+                auto i = (t + r * blockSize) * V;
+                k.If(i < whole, [&] {
+                    for (uint32_t p = 0; p < V; ++p) {
+                        Value<float> e = lang::exp(kept[r * V + p] - rowMax);
+                        kept[r * V + p] = e;
+                        sum += e;
+                    }
+                });
+            }
+            k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) {
+                sum += lang::exp(detail::toF32<T>(Value<T>(x[base + i])) - rowMax);
+            });
+            sums[t] = sum;
+            combineSums();
+            Value<float> scale = Value<float>(1.0f) / sums[0u];
+            for (uint32_t r = 0; r < kKept / V; ++r) {
+                auto i = (t + r * blockSize) * V;
+                k.If(i < whole, [&] {
+                    std::vector<Value<T>> parts;
+                    for (uint32_t p = 0; p < V; ++p) parts.push_back(rounded(kept[r * V + p] * scale));
+                    lang::storeVector(out, base + i, lang::Vector<T, V>(std::move(parts)));
+                });
+            }
+            k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) {
+                out[base + i] = rounded(lang::exp(detail::toF32<T>(Value<T>(x[base + i])) - rowMax) * scale);
+            });
+        }).Else([&] {
+            auto top = k.var<float>(lowest);
+            auto sum = k.var<float>(0.0f);
+            // (top, sum) absorbs a vector's values: one rescale of the sum to the new maximum per
+            // vector, then one exp per value. exp(-inf - -inf) is avoided: while the maximum is
+            // -inf the sum is 0 and stays 0.
+            detail::eachOfRow<T, V>(k, x, base, cols, blockSize, [&](auto, const auto &parts) {
+                std::vector<Value<float>> values;
+                for (const auto &p : parts) values.push_back(detail::toF32<T>(p));
+                std::vector<Value<float>> maxima{Value<float>(top)}; // Values are not reassignable
+                for (const auto &v : values) maxima.push_back(lang::max(maxima.back(), v));
+                const Value<float> &next = maxima.back();
+                Value<float> rescale = lang::select(top == lowest, Value<float>(0.0f), lang::exp(top - next));
+                std::vector<Value<float>> added{lang::exp(values[0] - next)};
+                for (size_t i = 1; i < values.size(); ++i) added.push_back(added.back() + lang::exp(values[i] - next));
+                sum = sum * rescale + added.back();
+                top = next;
+            });
+            tops[t] = top;
+            sums[t] = sum;
+            k.barrier();
+            for (uint32_t half = blockSize / 2; half > 0; half /= 2) {
+                k.If(t < half, [&] {
+                    Value<float> m1 = tops[t], m2 = tops[t + half];
+                    Value<float> m = lang::max(m1, m2);
+                    Value<float> s1 = lang::select(m1 == lowest, Value<float>(0.0f), sums[t] * lang::exp(m1 - m));
+                    Value<float> s2 = lang::select(m2 == lowest, Value<float>(0.0f), sums[t + half] * lang::exp(m2 - m));
+                    tops[t] = m;
+                    sums[t] = s1 + s2;
+                });
+                k.barrier();
+            }
+            Value<float> rowMax = tops[0u];
+            Value<float> scale = Value<float>(1.0f) / sums[0u];
+            const auto result = [&](const Value<T> &p) -> Value<T> {
+                return rounded(lang::exp(detail::toF32<T>(p) - rowMax) * scale);
+            };
+            k.For(t * V, whole, blockSize * V, [&](Value<uint32_t> i) {
+                const lang::Vector<T, V> v = lang::loadVector<V>(x, base + i);
+                std::vector<Value<T>> parts;
+                for (const auto &p : v.parts()) parts.push_back(result(p));
+                lang::storeVector(out, base + i, lang::Vector<T, V>(std::move(parts)));
+            });
+            k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) { out[base + i] = result(x[base + i]); });
         });
-        k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) { out[base + i] = result(x[base + i]); });
     });
 }
 
