@@ -218,7 +218,7 @@ private:
         // No INDIRECT_DISPATCH: neither CUDA nor HIP can launch with a grid read on the device,
         // and reading it back to the host would stall the stream (docs/cuda.md).
         info.capabilities = BP_CAPABILITY_ASYNC_STREAMS | BP_CAPABILITY_TIMESTAMPS |
-                            BP_CAPABILITY_PORTABLE_BINARIES;
+                            BP_CAPABILITY_PORTABLE_BINARIES | BP_CAPABILITY_ADDRESSABLE_MEMORY;
         describeKernelFeatures(attribute(d, bpv::Attribute::ComputeCapabilityMajor, out.id),
                                attribute(d, bpv::Attribute::ComputeCapabilityMinor, out.id),
                                info);

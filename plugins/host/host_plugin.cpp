@@ -168,7 +168,8 @@ private:
         // Not PORTABLE_BINARIES for host functions (a blob is a pointer of this process);
         // deviceInfo() adds it with the C++ compiler.
         info.capabilities = BP_CAPABILITY_TIMESTAMPS | BP_CAPABILITY_MAPPABLE_DEVICE_MEMORY |
-                            BP_CAPABILITY_INDIRECT_DISPATCH | BP_CAPABILITY_PEER_COPY;
+                            BP_CAPABILITY_INDIRECT_DISPATCH | BP_CAPABILITY_PEER_COPY |
+                            BP_CAPABILITY_ADDRESSABLE_MEMORY;
         if (options_.async) info.capabilities |= BP_CAPABILITY_ASYNC_STREAMS;
         describeKernelFeatures(info);
         return info;

@@ -149,7 +149,7 @@ TEST_CASE("gives every fixture its precise state and keeps loading the others") 
     const auto &abiTwo = reportOf(loaded, "abi_two");
     CHECK(stateOf(abiTwo) == "abi_mismatch");
     CHECK(abiTwo.reason.find("ABI 2.0") != std::string::npos);
-    CHECK(abiTwo.reason.find("ABI 1.6") != std::string::npos);
+    CHECK(abiTwo.reason.find("ABI 1.7") != std::string::npos);
 
     const auto &liar = reportOf(loaded, "abi_liar");
     CHECK(stateOf(liar) == "abi_mismatch");

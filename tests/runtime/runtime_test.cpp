@@ -230,7 +230,7 @@ TEST_CASE("the JSON report follows schema version 1") {
     const Runtime runtime(config);
     const auto report = nlohmann::json::parse(runtime.reportJson());
     CHECK(report["schema_version"] == 1);
-    CHECK(report["abi_version"] == "1.6");
+    CHECK(report["abi_version"] == "1.7");
     CHECK(report["search_path"][0] == FIXTURE_DIR);
     REQUIRE(report["plugins"].size() == runtime.plugins().size());
     bool sawLiar = false;

@@ -144,6 +144,22 @@ private:
 /// Native objects for interop (mirrors bp_native_kind).
 enum class NativeKind { Device, Stream, Memory };
 
+/// What native code needs to use a Buffer (ComputeClient::nativeBuffer): the backend's memory
+/// object that holds it, where in that object it starts, and how many bytes it has. Buffers share
+/// pool pages, so `memory` alone does not identify a buffer; `offset` does.
+struct NativeBuffer {
+    /// The memory object: the page's CUdeviceptr (CUDA), hipDeviceptr_t (HIP), host pointer
+    /// (host plugin), or VkBuffer handle (Vulkan: bind it at `offset`).
+    uint64_t memory = 0;
+    /// Bytes from the start of `memory` to this Buffer's (or view's) first byte.
+    uint64_t offset = 0;
+    /// Bytes of this Buffer or view.
+    uint64_t size = 0;
+    /// memory + offset where `memory` is a byte address (the plugin declares
+    /// BP_CAPABILITY_ADDRESSABLE_MEMORY: CUDA, HIP, host), else 0 (Vulkan).
+    uint64_t address = 0;
+};
+
 /// A sequence of launches, copies and fills recorded once on one stream of a client
 /// (ComputeClient::beginRecording ... endRecording) and replayed many times with
 /// ComputeClient::replay (docs/recording.md). A replay means the same as issuing the recorded
@@ -381,8 +397,18 @@ public:
     // introspection -----------------------------------------------------------------------------
     EngineStats stats() const;
     /// The vendor object behind the device, the current stream's backend stream, or a buffer's
-    /// memory page (uint64: pointer or handle). Throws Error(Unsupported) where the plugin has none.
+    /// memory (uint64: pointer or handle). For Memory: the buffer's own address where the plugin's
+    /// memory is addressable (CUDA, HIP, host: nativeBuffer(b).address), else the handle of the
+    /// object that holds it (a VkBuffer shared with other buffers: nativeBuffer gives the
+    /// offset). Throws Error(Unsupported) where the plugin has none.
     uint64_t nativeHandle(NativeKind kind, const Buffer *buffer = nullptr) const;
+    /// Where `buffer` (or a view) lives, for native code (docs/interop.md). Ordering: work this
+    /// client issued on the buffer may still be running, and the runtime does not see native
+    /// work. Call sync() before native code touches the buffer, and finish the native work (for
+    /// CUDA: cuStreamSynchronize, or work on nativeHandle(Stream) of this thread's stream, which
+    /// later calls on that stream follow) before handing the buffer back to calls of this
+    /// client. Error(InvalidArgument) for an empty or zero-byte Buffer or one of another client.
+    NativeBuffer nativeBuffer(const Buffer &buffer) const;
 
     /// For the core: wraps a server (detail::openComputeClient builds it).
     explicit ComputeClient(std::shared_ptr<detail::ComputeServer> server);

@@ -165,6 +165,10 @@ uint64_t ComputeClient::nativeHandle(NativeKind kind, const Buffer *buffer) cons
     return server_->nativeHandle(currentStream(), kind, buffer);
 }
 
+NativeBuffer ComputeClient::nativeBuffer(const Buffer &buffer) const {
+    return server_->nativeBuffer(buffer);
+}
+
 namespace detail {
 
 ComputeClient openComputeClient(std::shared_ptr<PluginLibrary> plugin, const DeviceInfo &info,

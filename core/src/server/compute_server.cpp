@@ -866,14 +866,33 @@ uint64_t ComputeServer::nativeHandle(StreamId stream, NativeKind kind, const Buf
     case NativeKind::Memory: {
         if (buffer == nullptr)
             throw Error(ErrorCode::InvalidArgument, "nativeHandle(Memory) needs a buffer");
-        const auto &slice = sliceOf(*buffer, "nativeHandle");
-        if (slice->memory == nullptr)
-            throw Error(ErrorCode::InvalidArgument,
-                        "nativeHandle(Memory): a zero-byte Buffer has no memory");
-        return driver_->nativeHandle(BP_NATIVE_MEMORY, slice->memory);
+        const NativeBuffer n = nativeBufferLocked(*buffer, "nativeHandle(Memory)");
+        // Issue 28: this was the page's handle for every buffer in it (two buffers, one pointer).
+        return n.address != 0 ? n.address : n.memory;
     }
     }
     return 0;
+}
+
+NativeBuffer ComputeServer::nativeBuffer(const Buffer &buffer) {
+    checkAlive();
+    std::lock_guard lock(mutex_);
+    return nativeBufferLocked(buffer, "nativeBuffer");
+}
+
+NativeBuffer ComputeServer::nativeBufferLocked(const Buffer &buffer, const char *what) {
+    const auto &slice = sliceOf(buffer, what);
+    if (slice->memory == nullptr)
+        throw Error(ErrorCode::InvalidArgument,
+                    std::string(what) + ": a zero-byte Buffer has no memory");
+    NativeBuffer n;
+    n.memory = driver_->nativeHandle(BP_NATIVE_MEMORY, slice->memory);
+    // The slice starts `offset` into its page and the view `buffer.offset()` into the slice; both
+    // are within the page (the pool made the first, Buffer::view checked the second).
+    n.offset = slice->offset + buffer.offset();
+    n.size = buffer.size();
+    if (driver_->hasCapability(BP_CAPABILITY_ADDRESSABLE_MEMORY)) n.address = n.memory + n.offset;
+    return n;
 }
 
 } // namespace backplane::detail

@@ -178,6 +178,7 @@ public:
     /// Allocations served by the slice caches so far (tests, benchmarks).
     uint64_t sliceCacheHits() { return freeQueue_->cache().hits(); }
     uint64_t nativeHandle(StreamId stream, NativeKind kind, const Buffer *buffer);
+    NativeBuffer nativeBuffer(const Buffer &buffer);
 
     /// Waits for `fence` with no lock held and records the completion; a failure marks the
     /// device lost and throws Error(DeviceLost). Usable after the server is gone (ReadFuture).
@@ -199,6 +200,8 @@ private:
     /// The buffer's slice; Error(InvalidArgument) for an empty Buffer and for one of another
     /// client, saying whose (another open() of the device, a closed client, another device).
     const std::shared_ptr<Slice> &sliceOf(const Buffer &buffer, const char *what) const;
+    /// nativeBuffer with mutex_ held.
+    NativeBuffer nativeBufferLocked(const Buffer &buffer, const char *what);
     /// A zero-byte slice: no pool memory, the identity of this server.
     std::shared_ptr<Slice> zeroSlice(uint32_t slot) const;
     /// Throws Error(DeviceLost) once a stream's work failed.

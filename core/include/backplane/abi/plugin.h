@@ -41,7 +41,7 @@ extern "C" {
 
 /* ABI version of this header. Major: must match. Minor: only grows, see docs/plugin-abi.md. */
 #define BP_ABI_VERSION_MAJOR 1
-#define BP_ABI_VERSION_MINOR 6
+#define BP_ABI_VERSION_MINOR 7
 
 /* The one symbol a plugin library exports; see bp_get_plugin_api_fn. */
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_get_plugin_api"
@@ -197,6 +197,11 @@ enum {
     /// (1.1) comm_id_create, comm_create, comm_destroy, comm_abort, comm_group and collective
     /// work on this device (bp_device_info::collectives names the engine).
     BP_CAPABILITY_COLLECTIVES = 1u << 6,
+    /// (1.7) native_handle(BP_NATIVE_MEMORY) of a page is a byte address (a CUdeviceptr, a
+    /// hipDeviceptr_t, a host pointer): the address of byte n of the page is that value + n. The
+    /// core then hands out a buffer's own address (its page's plus its offset); without the bit
+    /// the value is an opaque handle (a VkBuffer) and the core gives the handle and the offset.
+    BP_CAPABILITY_ADDRESSABLE_MEMORY = 1u << 7,
 };
 
 /// (1.4) Element types of the kernel language. Bit t of the masks in bp_device_info
