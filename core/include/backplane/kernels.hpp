@@ -602,19 +602,19 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
         k.If(cols <= blockSize * kKept, [&] {
             // Vector r of this thread starts at element (t + r * blockSize) * V: neighbouring
             // threads read neighbouring vectors.
+            // All loads first, then the maximum: a GPU thread then has all its loads in flight
+            // at once instead of waiting for each before the next (-inf where no vector is).
             auto kept = k.array<float>(kKept);
-            auto top = k.var<float>(lowest);
+            for (uint32_t j = 0; j < kKept; ++j) kept[j] = lowest;
             for (uint32_t r = 0; r < kKept / V; ++r) {
                 auto i = (t + r * blockSize) * V;
                 k.If(i < whole, [&] {
                     const lang::Vector<T, V> v = lang::loadVector<V>(x, base + i);
-                    for (uint32_t p = 0; p < V; ++p) {
-                        Value<float> f = detail::toF32<T>(v.parts()[p]);
-                        kept[r * V + p] = f;
-                        top = lang::max(top, f);
-                    }
+                    for (uint32_t p = 0; p < V; ++p) kept[r * V + p] = detail::toF32<T>(v.parts()[p]);
                 });
             }
+            auto top = k.var<float>(lowest);
+            for (uint32_t j = 0; j < kKept; ++j) top = lang::max(top, kept[j]);
             k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) {
                 top = lang::max(top, detail::toF32<T>(Value<T>(x[base + i])));
             });
