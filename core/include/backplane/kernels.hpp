@@ -530,7 +530,8 @@ void eachOfRow(lang::Builder &k, lang::Binding<T> x, lang::Value<uint32_t> base,
 } // namespace detail
 
 /// sums[r] = the f32 sum of row r of x (rows of `cols` elements, row-major). T: f16, bf16 or
-/// float; sums are f32 (the elements are added in f32). One workgroup per row: launch block
+/// float; sums are f32 (the elements are added in f32). Rows up to blockSize * 32 elements: each
+/// thread issues all its loads before adding (memory-level parallelism on GPUs). One workgroup per row: launch block
 /// {blockSize} (a power of two), grid {rows}. Bindings: x (read), sums (write); scalar: cols
 /// (u32).
 template <class T> lang::Kernel rowSum(uint32_t blockSize = 256) {
@@ -545,8 +546,28 @@ template <class T> lang::Kernel rowSum(uint32_t blockSize = 256) {
         auto t = k.localId().x;
         auto row = k.groupId().x;
         auto sum = k.var<float>(0.0f);
-        detail::eachOfRow<T, V>(k, x, row * cols, cols, blockSize, [&](auto, const auto &parts) {
-            for (const auto &p : parts) sum += detail::toF32<T>(p);
+        constexpr uint32_t kKept = 32; // values per thread loaded before the first is added
+        k.If(cols <= blockSize * kKept, [&] {
+            // Every load of this thread in flight at once, then the sum in the same order as the
+            // loop below (vector by vector; 0 where no vector is).
+            auto kept = k.array<float>(kKept);
+            for (uint32_t j = 0; j < kKept; ++j) kept[j] = 0.0f;
+            auto whole = cols / V * V;
+            for (uint32_t r = 0; r < kKept / V; ++r) {
+                auto i = (t + r * blockSize) * V;
+                k.If(i < whole, [&] {
+                    const lang::Vector<T, V> v = lang::loadVector<V>(x, row * cols + i);
+                    for (uint32_t p = 0; p < V; ++p) kept[r * V + p] = detail::toF32<T>(v.parts()[p]);
+                });
+            }
+            for (uint32_t j = 0; j < kKept; ++j) sum += kept[j];
+            k.For(whole + t, cols, blockSize, [&](lang::Value<uint32_t> i) {
+                sum += detail::toF32<T>(lang::Value<T>(x[row * cols + i]));
+            });
+        }).Else([&] {
+            detail::eachOfRow<T, V>(k, x, row * cols, cols, blockSize, [&](auto, const auto &parts) {
+                for (const auto &p : parts) sum += detail::toF32<T>(p);
+            });
         });
         tile[t] = sum;
         detail::treeReduce(k, tile, blockSize, [](auto a, auto b) { return a + b; });
