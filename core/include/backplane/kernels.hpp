@@ -527,6 +527,24 @@ void eachOfRow(lang::Builder &k, lang::Binding<T> x, lang::Value<uint32_t> base,
         f(i, {lang::Value<T>(x[base + i])});
     });
 }
+/// kept[r * V + p] = element p of this thread's vector r of the row at `base` (vector r at element
+/// (t + r * blockSize) * V, neighbouring threads reading neighbouring vectors), as f32, for the
+/// vectors before `whole`; `missing` for the others. The loads are not branched around: a
+/// vector past `whole` loads the row's first vector (a checked load: zeros past the buffer) and
+/// is replaced by `missing`, so every load of the thread is issued before the first is used.
+template <class T, uint32_t V>
+void loadKept(lang::Builder &k, lang::Binding<T> x, lang::Value<uint32_t> base,
+              lang::Value<uint32_t> whole, uint32_t blockSize, lang::Array<float> kept,
+              uint32_t count, float missing) {
+    auto t = k.localId().x;
+    for (uint32_t r = 0; r < count / V; ++r) {
+        auto i = (t + r * blockSize) * V;
+        auto valid = i < whole;
+        const lang::Vector<T, V> v = lang::loadVector<V>(x, base + lang::select(valid, i, lang::Value<uint32_t>(0u)));
+        for (uint32_t p = 0; p < V; ++p)
+            kept[r * V + p] = lang::select(valid, toF32<T>(v.parts()[p]), lang::Value<float>(missing));
+    }
+}
 } // namespace detail
 
 /// sums[r] = the f32 sum of row r of x (rows of `cols` elements, row-major). T: f16, bf16 or
@@ -551,15 +569,8 @@ template <class T> lang::Kernel rowSum(uint32_t blockSize = 256) {
             // Every load of this thread in flight at once, then the sum in the same order as the
             // loop below (vector by vector; 0 where no vector is).
             auto kept = k.array<float>(kKept);
-            for (uint32_t j = 0; j < kKept; ++j) kept[j] = 0.0f;
             auto whole = cols / V * V;
-            for (uint32_t r = 0; r < kKept / V; ++r) {
-                auto i = (t + r * blockSize) * V;
-                k.If(i < whole, [&] {
-                    const lang::Vector<T, V> v = lang::loadVector<V>(x, row * cols + i);
-                    for (uint32_t p = 0; p < V; ++p) kept[r * V + p] = detail::toF32<T>(v.parts()[p]);
-                });
-            }
+            detail::loadKept<T, V>(k, x, row * cols, whole, blockSize, kept, kKept, 0.0f);
             for (uint32_t j = 0; j < kKept; ++j) sum += kept[j];
             k.For(whole + t, cols, blockSize, [&](lang::Value<uint32_t> i) {
                 sum += detail::toF32<T>(lang::Value<T>(x[row * cols + i]));
@@ -624,16 +635,10 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
             // Vector r of this thread starts at element (t + r * blockSize) * V: neighbouring
             // threads read neighbouring vectors.
             // All loads first, then the maximum: a GPU thread then has all its loads in flight
-            // at once instead of waiting for each before the next (-inf where no vector is).
+            // at once instead of waiting for each before the next. No branch around them: a
+            // vector past the row loads the row's start instead and counts as -inf.
             auto kept = k.array<float>(kKept);
-            for (uint32_t j = 0; j < kKept; ++j) kept[j] = lowest;
-            for (uint32_t r = 0; r < kKept / V; ++r) {
-                auto i = (t + r * blockSize) * V;
-                k.If(i < whole, [&] {
-                    const lang::Vector<T, V> v = lang::loadVector<V>(x, base + i);
-                    for (uint32_t p = 0; p < V; ++p) kept[r * V + p] = detail::toF32<T>(v.parts()[p]);
-                });
-            }
+            detail::loadKept<T, V>(k, x, base, whole, blockSize, kept, kKept, lowest);
             auto top = k.var<float>(lowest);
             for (uint32_t j = 0; j < kKept; ++j) top = lang::max(top, kept[j]);
             k.For(whole + t, cols, blockSize, [&](Value<uint32_t> i) {
