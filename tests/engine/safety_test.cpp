@@ -158,7 +158,7 @@ void recycleOntoAnotherStream(bool syncedBefore) {
     StreamGuard onB(kB);
     const std::vector<uint32_t> later = client.readAs<uint32_t>(y);
     CHECK_FALSE(watchdog.fired());
-    INFO("y lies in x's page: " << sharesPage);
+    INFO("y got x's range (same native address): " << sharesPage);
     INFO("0xAAAAAAAA is the old kernel's output landing in y after B's fill");
     CHECK(countNot(first, 0xB0B0B0B0u) == 0);
     CHECK(countNot(later, 0xB0B0B0B0u) == 0);

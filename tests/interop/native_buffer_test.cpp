@@ -141,6 +141,10 @@ TEST_CASE("every buffer and view has its own native place: memory, offset, size,
             Buffer zero = client.empty(0);
             CHECK_THROWS_AS((void)client.nativeBuffer(zero), Error);
             CHECK_THROWS_AS((void)client.nativeBuffer(Buffer()), Error);
+            // Nor has a zero-byte view at a buffer's end (its address would be the next buffer's).
+            const Buffer endView = a.view(256, 0);
+            CHECK_THROWS_AS((void)client.nativeBuffer(endView), Error);
+            CHECK_THROWS_AS((void)client.nativeHandle(NativeKind::Memory, &endView), Error);
         }
     CHECK(devices > 0);
 }

@@ -15,6 +15,7 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -826,4 +827,48 @@ TEST_CASE("row softmax and row sums in f32, f16 and bf16, with vector bodies and
     checkRowKernels<float>(2e-5);
     checkRowKernels<lang::f16>(1.5e-3);
     checkRowKernels<lang::bf16>(8e-3);
+}
+
+TEST_CASE("row softmax gives the same special values on both of its paths: -inf is 0, a NaN "
+          "makes the row NaN") {
+    // Review finding: the two-pass path (rows past blockSize * 32) turned a row that starts with
+    // -inf (a masked position) into NaN everywhere, while the kept path gave the right answer;
+    // and the paths disagreed on NaN.
+    const lang::Kernel softmax = kernels::softmaxRows<float>(64);
+    const float inf = std::numeric_limits<float>::infinity();
+    for (uint32_t cols : {5u, 2048u, 2051u, 3000u}) {
+        const uint32_t rows = 2;
+        std::vector<float> x(size_t{rows} * cols);
+        for (uint32_t i = 0; i < cols; ++i) {
+            x[i] = i < 4 ? -inf : std::sin(float(i)) * 3.0f;     // row 0: masked start
+            x[cols + i] = i == cols / 2 ? NAN : float(i % 7);     // row 1: one NaN
+        }
+        double top = -1e300, total = 0;
+        for (uint32_t i = 4; i < cols; ++i) top = std::max<double>(top, x[i]);
+        for (uint32_t i = 4; i < cols; ++i) total += std::exp(double(x[i]) - top);
+        for (ComputeClient &client : clients()) {
+            CAPTURE(client.device().id());
+            CAPTURE(cols);
+            Buffer in = client.createFrom<float>(x);
+            Buffer out = client.empty(4ull * rows * cols);
+            Dispatch d;
+            d.grid = {rows};
+            d.block = {64};
+            d.bindings = {in, out};
+            d.scalar(cols);
+            client.execute(softmax, d);
+            const std::vector<float> got = client.readAs<float>(out);
+            int bad = 0;
+            for (uint32_t i = 0; i < cols; ++i) {
+                const double want = i < 4 ? 0.0 : std::exp(double(x[i]) - top) / total;
+                if (!(std::fabs(got[i] - want) <= 2e-5 * want + 1e-7) && bad++ < 3)
+                    FAIL_CHECK(("row 0 element " + std::to_string(i) + ": got " + std::to_string(got[i]) +
+                                ", want " + std::to_string(want)));
+                if (!std::isnan(got[cols + i]) && bad++ < 3)
+                    FAIL_CHECK(("row 1 element " + std::to_string(i) + ": got " +
+                                std::to_string(got[cols + i]) + ", want NaN"));
+            }
+            CHECK(bad == 0);
+        }
+    }
 }

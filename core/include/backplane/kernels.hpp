@@ -578,12 +578,14 @@ template <class T> lang::Kernel rowSum(uint32_t blockSize = 256) {
 /// rounded to T when stored (T: f16, bf16 or float). One workgroup per row: launch block
 /// {blockSize} (a power of two), grid {rows}. Bindings: x (read), out (write); scalar: cols.
 ///
-/// A row of up to blockSize * 32 elements (8192 at block 256) is read once: each thread keeps
-/// its 32 values in registers (a private array at constant indices), takes the row's maximum,
-/// then exp(x - maximum) once per element, then the sum, and writes from the registers. A longer
-/// row takes two passes over memory: the first keeps a running maximum and a sum rescaled
-/// whenever the maximum grows (an online softmax), the second writes. Vector accesses where
-/// whole vectors fit, the tail element by element.
+/// A row of V (a vector: 4 floats, 8 halves) to blockSize * 32 elements (8192 at block 256) is
+/// read once: each thread keeps its 32 values in registers (a private array at constant
+/// indices), takes the row's maximum, then exp(x - maximum) once per element, then the sum, and
+/// writes from the registers. Other rows take two passes over memory: the first keeps a running
+/// maximum and a sum rescaled whenever the maximum grows (an online softmax), the second
+/// writes. Vector accesses where whole vectors fit, the tail element by element. Both give the
+/// same values for special inputs: a -inf element gives 0 (a masked position), a NaN anywhere
+/// makes the whole row NaN, a row of only -inf (or one with +inf) is NaN (0 / 0, inf / inf).
 template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
     constexpr uint32_t V = 16 / sizeof(T) > 8 ? 8 : 16 / sizeof(T);
     constexpr uint32_t kKept = 32; // values each thread keeps in registers
@@ -619,7 +621,9 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
                 k.barrier();
             }
         };
-        k.If(cols <= blockSize * kKept, [&] {
+        // The kept path loads the row's first vector in place of a missing one: a whole vector
+        // only where the row has one (review finding: cols < V read past the last row).
+        k.If(cols <= blockSize * kKept && cols >= V, [&] {
             // Vector r of this thread starts at element (t + r * blockSize) * V: neighbouring
             // threads read neighbouring vectors.
             // All loads first, then the maximum: a GPU thread then has all its loads in flight
@@ -667,8 +671,9 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
             auto top = k.var<float>(lowest);
             auto sum = k.var<float>(0.0f);
             // (top, sum) absorbs a vector's values: one rescale of the sum to the new maximum per
-            // vector, then one exp per value. exp(-inf - -inf) is avoided: while the maximum is
-            // -inf the sum is 0 and stays 0.
+            // vector, then one exp per value. exp(-inf - -inf) is avoided: a -inf value adds 0
+            // and, while the maximum is -inf, the sum is 0 (review finding: a row starting with
+            // -inf came out all NaN). A NaN value makes the sum NaN, as in the kept path.
             detail::eachOfRow<T, V>(k, x, base, cols, blockSize, [&](auto, const auto &parts) {
                 std::vector<Value<float>> values;
                 for (const auto &p : parts) values.push_back(detail::toF32<T>(p));
@@ -676,8 +681,11 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
                 for (const auto &v : values) maxima.push_back(lang::max(maxima.back(), v));
                 const Value<float> &next = maxima.back();
                 Value<float> rescale = lang::select(top == lowest, Value<float>(0.0f), lang::exp(top - next));
-                std::vector<Value<float>> added{lang::exp(values[0] - next)};
-                for (size_t i = 1; i < values.size(); ++i) added.push_back(added.back() + lang::exp(values[i] - next));
+                const auto term = [&](const Value<float> &v) {
+                    return lang::select(v == lowest, Value<float>(0.0f), lang::exp(v - next));
+                };
+                std::vector<Value<float>> added{term(values[0])};
+                for (size_t i = 1; i < values.size(); ++i) added.push_back(added.back() + term(values[i]));
                 sum = sum * rescale + added.back();
                 top = next;
             });
@@ -688,8 +696,9 @@ template <class T> lang::Kernel softmaxRows(uint32_t blockSize = 256) {
                 k.If(t < half, [&] {
                     Value<float> m1 = tops[t], m2 = tops[t + half];
                     Value<float> m = lang::max(m1, m2);
-                    Value<float> s1 = lang::select(m1 == lowest, Value<float>(0.0f), sums[t] * lang::exp(m1 - m));
-                    Value<float> s2 = lang::select(m2 == lowest, Value<float>(0.0f), sums[t + half] * lang::exp(m2 - m));
+                    // A sum whose maximum is -inf is 0, or NaN when a NaN was seen: kept as is.
+                    Value<float> s1 = lang::select(m1 == lowest, Value<float>(sums[t]), sums[t] * lang::exp(m1 - m));
+                    Value<float> s2 = lang::select(m2 == lowest, Value<float>(sums[t + half]), sums[t + half] * lang::exp(m2 - m));
                     tops[t] = m;
                     sums[t] = s1 + s2;
                 });

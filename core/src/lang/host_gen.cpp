@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace backplane::lang::detail {
 namespace {
@@ -825,15 +826,32 @@ uint32_t HostGenerator::packRun(const std::vector<Stmt> &stmts, size_t i, uint32
             return true;
         };
         // Operand `node` of group k at position t, with group 0's operand `node0`.
-        auto operand = [&](uint32_t node, uint32_t node0, uint32_t k, uint32_t t) {
+        // Operand `slot` of group k at position t is `node`, group 0's is `node0`. Its kind (a
+        // value of the pack, a vector's part, a broadcast) must be the same in every group:
+        // emitPack prints one vector per operand (review finding: {v[0], v[1], v[0], v[3]}
+        // passed as parts in group 1 and as a broadcast in group 2).
+        enum Kind : uint8_t { kInternal = 1, kPart, kBroadcast };
+        std::map<std::pair<uint32_t, uint32_t>, Kind> kinds; // (position, slot) -> kind
+        auto operand = [&](uint32_t node, uint32_t node0, uint32_t k, uint32_t t, uint32_t slot) {
+            Kind kind;
             const auto d = defined.find(node), d0 = defined.find(node0);
-            if (d != defined.end() || d0 != defined.end())
-                return d != defined.end() && d0 != defined.end() && d->second.first == k &&
-                       d->second.second < t && d0->second == std::make_pair(0u, d->second.second);
-            if (k > 0 && node == node0 + k && floatVectors_.count(node0) != 0 &&
-                m_.nodes.at(node).vectorPart == k)
-                return true; // part k of a vector load printed as x<node0>, still in scope
-            return m_.nodes.at(node0).type == Type::F32 && value(node, region) == value(node0, region);
+            if (d != defined.end() || d0 != defined.end()) {
+                if (d == defined.end() || d0 == defined.end() || d->second.first != k ||
+                    d->second.second >= t || d0->second != std::make_pair(0u, d->second.second))
+                    return false;
+                kind = kInternal;
+            } else if (k > 0 && node == node0 + k && floatVectors_.count(node0) != 0 &&
+                       defRegion_[node0] == region && m_.nodes.at(node).vectorPart == k) {
+                // Part k of a vector load printed as x<node0>: in scope where it is in this
+                // region (review finding: a load before a barrier is x<n> of another lambda).
+                kind = kPart;
+            } else if (m_.nodes.at(node0).type == Type::F32 && value(node, region) == value(node0, region)) {
+                kind = kBroadcast;
+            } else {
+                return false;
+            }
+            if (k == 0) return kind != kPart;
+            return kinds.emplace(std::pair{t, slot}, kind).first->second == kind;
         };
         for (uint32_t t = 0; t < length && ok; ++t) {
             const Stmt &s0 = stmts[i + t];
@@ -842,8 +860,8 @@ uint32_t HostGenerator::packRun(const std::vector<Stmt> &stmts, size_t i, uint32
                 if (s.kind != s0.kind) { ok = false; break; }
                 if (s.kind == StmtKind::Store) {
                     ok = s.space == Space::Private && s.vectorWidth == 0 &&
-                         s.target == s0.target && element(s.target, s.index, s0.index, k, true) && defined.count(s.value) != 0 &&
-                         operand(s.value, s0.value, k, t);
+                         s.target == s0.target && element(s.target, s.index, s0.index, k, true) &&
+                         defined.count(s.value) != 0 && operand(s.value, s0.value, k, t, 0);
                     continue;
                 }
                 if (s.kind != StmtKind::Let) { ok = false; break; }
@@ -863,9 +881,9 @@ uint32_t HostGenerator::packRun(const std::vector<Stmt> &stmts, size_t i, uint32
                 case Op::Div:
                 case Op::Fma:
                     computes = true;
-                    for (const auto &[x, x0] : {std::pair{n.a, n0.a}, {n.b, n0.b}, {n.c, n0.c}})
+                    for (const auto &[x, x0, slot] : {std::tuple{n.a, n0.a, 0u}, {n.b, n0.b, 1u}, {n.c, n0.c, 2u}})
                         if (ok && (x == kNone) != (x0 == kNone)) ok = false;
-                        else if (ok && x != kNone) ok = operand(x, x0, k, t);
+                        else if (ok && x != kNone) ok = operand(x, x0, k, t, slot);
                     break;
                 default: ok = false; break;
                 }

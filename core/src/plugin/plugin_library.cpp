@@ -296,6 +296,9 @@ bp_device_info PluginLibrary::deviceInfo(uint32_t index) const {
     // One that did not write struct_size back (no SDK) still filled none of the fields its ABI
     // minor lacks: toDeviceInfo gives it the defaults of its version.
     if (abiMinor() < 4) info.struct_size = std::min(info.struct_size, kDeviceInfoSize13);
+    // Bits defined after the plugin's ABI mean nothing from it (review finding: a 1.6 plugin's
+    // stray bit 7 would have made its VkBuffer-like handles look like addresses).
+    if (abiMinor() < 7) info.capabilities &= ~static_cast<uint32_t>(BP_CAPABILITY_ADDRESSABLE_MEMORY);
     return info;
 }
 

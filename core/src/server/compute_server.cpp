@@ -882,7 +882,9 @@ NativeBuffer ComputeServer::nativeBuffer(const Buffer &buffer) {
 
 NativeBuffer ComputeServer::nativeBufferLocked(const Buffer &buffer, const char *what) {
     const auto &slice = sliceOf(buffer, what);
-    if (slice->memory == nullptr)
+    // A zero-byte view of a real buffer has a place but no bytes: its address would be the next
+    // buffer's (review finding), so it is refused like a zero-byte Buffer.
+    if (slice->memory == nullptr || buffer.size() == 0)
         throw Error(ErrorCode::InvalidArgument,
                     std::string(what) + ": a zero-byte Buffer has no memory");
     NativeBuffer n;
