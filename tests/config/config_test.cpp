@@ -167,6 +167,13 @@ TEST_CASE("names the file and JSON pointer of every value of the wrong type") {
           "/memory/staging_chunk_bytes: expected an integer, got string");
     CHECK(configError(R"({"memory": {"max_page_bytes": -5}})").find("/memory/max_page_bytes") == 0);
     CHECK(configError(R"({"cache": {"dir": 5}})") == "/cache/dir: expected a string, got number");
+    // Review findings: a NUL cut the path silently; 2^64 was "expected an integer, got number".
+    CHECK(configError(R"({"cache": {"dir": "/tmp/a\u0000b"}})") ==
+          "/cache/dir: a path cannot contain a NUL character (\\u0000)");
+    CHECK(configError(R"({"streams": {"max_streams": 18446744073709551616}})").find(
+              "/streams/max_streams: expected an integer in [1, 65536], got ") == 0);
+    CHECK(configError(R"({"streams": {"max_streams": 18446744073709551616}})").find("out of range") !=
+          std::string::npos);
     CHECK(configError(R"({"cache": {"enabled": 1}})") ==
           "/cache/enabled: expected a boolean, got number");
     CHECK(configError(R"({"autotune": {"level": 3}})") ==

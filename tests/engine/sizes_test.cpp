@@ -234,6 +234,29 @@ TEST_CASE("views, transfers, copies and fills refuse offsets and sizes that wrap
     });
 }
 
+TEST_CASE("readTensor of a broadcast larger than host memory is Error(OutOfMemory), not bad_alloc") {
+    // Review finding (previous session): 4 bytes broadcast to 2^61 elements threw std::bad_alloc
+    // out of readTensor.
+    forEachClient([](ComputeClient &client) {
+        Sentinels sentinels(client);
+        Buffer a = client.createFrom<uint32_t>(std::vector<uint32_t>{7});
+        Tensor t;
+        t.buffer = a;
+        t.elementSize = 4;
+        t.shape = {uint64_t{1} << 30, uint64_t{1} << 29, 2};
+        t.strides = {0, 0, 0};
+        try {
+            (void)client.readTensor(t).wait();
+            FAIL("reading 2^63 bytes succeeded");
+        } catch (const Error &e) {
+            CHECK((e.code() == ErrorCode::OutOfMemory || e.code() == ErrorCode::InvalidArgument));
+            CHECK(std::string(e.what()).find("readTensor") != std::string::npos);
+        }
+        CHECK(client.readAs<uint32_t>(a) == std::vector<uint32_t>{7}); // the client goes on
+        sentinels.check();
+    });
+}
+
 TEST_CASE("a recording refuses the same wrapped sizes as the calls it records") {
     forEachClient([](ComputeClient &client) {
         Sentinels sentinels(client);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
@@ -133,6 +134,14 @@ public:
 
     uint64_t unsignedInt(const Json &value, const std::string &pointer, uint64_t min,
                          uint64_t max) const {
+        // An integer past 2^64 - 1 parses as a float: say it is out of range, not "a number".
+        if (value.is_number_float()) {
+            const double d = value.get<double>();
+            if (std::isfinite(d) && std::floor(d) == d)
+                fail(pointer, "expected an integer in [" + std::to_string(min) + ", " +
+                                  std::to_string(max) + "], got " + value.dump() +
+                                  " (out of range)");
+        }
         if (!value.is_number_integer()) wrongType(value, pointer, "an integer");
         if (value.is_number_unsigned()) {
             const uint64_t v = value.get<uint64_t>();
@@ -152,8 +161,12 @@ public:
 
     /// A path from the file: relative ones are relative to the file's directory.
     fs::path path(const Json &value, const std::string &pointer) const {
-        const fs::path p = string(value, pointer);
-        if (p.empty()) fail(pointer, "expected a path, got an empty string");
+        const std::string text = string(value, pointer);
+        if (text.empty()) fail(pointer, "expected a path, got an empty string");
+        // The system cuts a path at its first NUL: "/tmp/a\u0000b" would be /tmp/a, silently.
+        if (text.find('\0') != std::string::npos)
+            fail(pointer, "a path cannot contain a NUL character (\\u0000)");
+        const fs::path p = text;
         return p.is_absolute() ? p : (dir_ / p).lexically_normal();
     }
 

@@ -161,13 +161,21 @@ ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
     if (packed == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
     if (isPacked(tensor)) return read(stream, tensor.buffer, 0, packed);
     // One read of the whole span (one transfer beats one per row), packed on the host. The
-    // result is allocated now: a tensor too large for host memory fails here (std::bad_alloc),
-    // before anything is transferred.
+    // result is allocated now: a tensor too large for host memory (a broadcast of a few bytes to
+    // terabytes) fails here with Error(OutOfMemory), before anything is transferred.
     uint64_t last = 0;
     for (size_t i = 0; i < tensor.shape.size(); ++i)
         last += (tensor.shape[i] - 1) * tensor.strides[i];
     const uint64_t span = (last + 1) * tensor.elementSize;
-    auto out = std::make_shared<std::vector<std::byte>>(packed);
+    std::shared_ptr<std::vector<std::byte>> out;
+    try {
+        out = std::make_shared<std::vector<std::byte>>(packed);
+    } catch (const std::exception &) { // std::bad_alloc, std::length_error
+        throw Error(ErrorCode::OutOfMemory,
+                    "readTensor: the packed result has " + std::to_string(packed) +
+                        " bytes, more than host memory can hold; read the tensor in parts "
+                        "(a view of fewer rows) or without the broadcast dimensions");
+    }
     auto whole = std::make_shared<ReadFuture>(read(stream, tensor.buffer, 0, span));
     return ReadFuture([whole, out, tensor] {
         const std::vector<std::byte> bytes = whole->wait();
