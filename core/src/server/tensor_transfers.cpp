@@ -6,6 +6,8 @@
 #include <cstring>
 #include <numeric>
 
+#include <unistd.h>
+
 namespace backplane::detail {
 namespace {
 
@@ -167,14 +169,22 @@ ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
     for (size_t i = 0; i < tensor.shape.size(); ++i)
         last += (tensor.shape[i] - 1) * tensor.strides[i];
     const uint64_t span = (last + 1) * tensor.elementSize;
+    // More than the machine's memory is refused before asking the allocator (which, under a
+    // sanitizer, aborts on absurd sizes instead of throwing); the rest may still not fit.
+    const auto tooLarge = [&] {
+        return Error(ErrorCode::OutOfMemory,
+                     "readTensor: the packed result has " + std::to_string(packed) +
+                         " bytes, more than host memory can hold; read the tensor in parts "
+                         "(a view of fewer rows) or without the broadcast dimensions");
+    };
+    const long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && pageSize > 0 && packed / static_cast<uint64_t>(pageSize) >= static_cast<uint64_t>(pages))
+        throw tooLarge();
     std::shared_ptr<std::vector<std::byte>> out;
     try {
         out = std::make_shared<std::vector<std::byte>>(packed);
     } catch (const std::exception &) { // std::bad_alloc, std::length_error
-        throw Error(ErrorCode::OutOfMemory,
-                    "readTensor: the packed result has " + std::to_string(packed) +
-                        " bytes, more than host memory can hold; read the tensor in parts "
-                        "(a view of fewer rows) or without the broadcast dimensions");
+        throw tooLarge();
     }
     auto whole = std::make_shared<ReadFuture>(read(stream, tensor.buffer, 0, span));
     return ReadFuture([whole, out, tensor] {
