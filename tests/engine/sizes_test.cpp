@@ -163,6 +163,11 @@ TEST_CASE("emptyTensor refuses shapes whose bytes wrap or come within an alignme
                     CHECK_MESSAGE((e.code() == ErrorCode::OutOfMemory ||
                                    e.code() == ErrorCode::InvalidArgument),
                                   e.what());
+                    // The message names the shape (its last dimension at least).
+                    if (e.code() == ErrorCode::InvalidArgument)
+                        CHECK_MESSAGE(std::string(e.what()).find(std::to_string(c.shape.back())) !=
+                                          std::string::npos,
+                                      e.what());
                 }
             }
         sentinels.check();

@@ -382,26 +382,33 @@ Tensor ComputeServer::emptyTensor(StreamId stream, std::span<const uint64_t> sha
         t.buffer = empty(stream, elementSize);
         return t;
     }
+    // The refusals name the shape (review finding: "the shape's size" alone did not say which
+    // dimension, and {0, 2^64 - 1} is refused while {2^64 - 1, 0} is an empty tensor).
+    const auto overflow = [&](const char *why) {
+        std::string dims;
+        for (const uint64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+        return Error(ErrorCode::InvalidArgument,
+                     "emptyTensor: shape [" + dims + "] of " + std::to_string(elementSize) +
+                         "-byte elements: " + why);
+    };
     uint64_t rowElements = shape.back();
     if (rowElements > UINT64_MAX / elementSize / 2)
-        throw Error(ErrorCode::InvalidArgument,
-                    "emptyTensor: the shape's size in bytes does not fit in 64 bits");
+        throw overflow("one row (the last dimension) has more than 2^63 bytes, even with other "
+                       "dimensions 0");
     if (layout == TensorLayout::Optimized && shape.size() >= 2) {
         const uint64_t pitch = alignUp(rowElements * elementSize, layout_.alignment);
         if (pitch % elementSize == 0) rowElements = pitch / elementSize;
     }
     uint64_t stride = 1;
-    const auto overflow = [&] {
-        return Error(ErrorCode::InvalidArgument,
-                     "emptyTensor: the shape's size in bytes does not fit in 64 bits");
-    };
     for (size_t i = shape.size(); i-- > 0;) {
         t.strides[i] = stride;
         const uint64_t extent = (i + 1 == shape.size()) ? rowElements : shape[i];
-        if (extent != 0 && stride > UINT64_MAX / extent) throw overflow();
+        if (extent != 0 && stride > UINT64_MAX / extent)
+            throw overflow("its size in elements does not fit in 64 bits");
         stride *= extent;
     }
-    if (elementSize != 0 && stride > UINT64_MAX / elementSize) throw overflow();
+    if (elementSize != 0 && stride > UINT64_MAX / elementSize)
+        throw overflow("its size in bytes does not fit in 64 bits");
     t.buffer = empty(stream, stride * elementSize);
     return t;
 }
