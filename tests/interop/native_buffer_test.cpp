@@ -42,45 +42,24 @@ struct CudaDriver {
     bool usable() const { return push && pop && toHost && toDevice; }
 };
 
-/// Reads `bytes` at a native address of `client`'s device, where this test knows how.
-bool nativeRead(ComputeClient &client, uint64_t address, void *out, size_t bytes) {
+/// Copies `bytes` between host memory and a native address of `client`'s device (toDevice: host
+/// to the address), where this test knows how; false elsewhere.
+bool nativeCopy(ComputeClient &client, uint64_t address, void *host, size_t bytes, bool toDevice) {
     const std::string backend = client.device().backend;
+    void *native = reinterpret_cast<void *>(address);
     if (backend == "host") {
-        std::memcpy(out, reinterpret_cast<const void *>(address), bytes);
+        std::memcpy(toDevice ? native : host, toDevice ? host : native, bytes);
         return true;
     }
-    if (backend == "cuda") {
-        static CudaDriver cuda;
-        REQUIRE(cuda.usable());
-        void *context = reinterpret_cast<void *>(client.nativeHandle(NativeKind::Device));
-        REQUIRE(cuda.push(context) == 0);
-        const int status = cuda.toHost(out, address, bytes);
-        void *popped = nullptr;
-        cuda.pop(&popped);
-        REQUIRE(status == 0);
-        return true;
-    }
-    return false;
-}
-
-bool nativeWrite(ComputeClient &client, uint64_t address, const void *in, size_t bytes) {
-    const std::string backend = client.device().backend;
-    if (backend == "host") {
-        std::memcpy(reinterpret_cast<void *>(address), in, bytes);
-        return true;
-    }
-    if (backend == "cuda") {
-        static CudaDriver cuda;
-        REQUIRE(cuda.usable());
-        void *context = reinterpret_cast<void *>(client.nativeHandle(NativeKind::Device));
-        REQUIRE(cuda.push(context) == 0);
-        const int status = cuda.toDevice(address, in, bytes);
-        void *popped = nullptr;
-        cuda.pop(&popped);
-        REQUIRE(status == 0);
-        return true;
-    }
-    return false;
+    if (backend != "cuda") return false;
+    static CudaDriver cuda;
+    REQUIRE(cuda.usable());
+    REQUIRE(cuda.push(reinterpret_cast<void *>(client.nativeHandle(NativeKind::Device))) == 0);
+    const int status = toDevice ? cuda.toDevice(address, host, bytes) : cuda.toHost(host, address, bytes);
+    void *popped = nullptr;
+    cuda.pop(&popped);
+    REQUIRE(status == 0);
+    return true;
 }
 
 } // namespace
@@ -123,10 +102,10 @@ TEST_CASE("every buffer and view has its own native place: memory, offset, size,
             // Native code reads and writes the buffer itself (after sync(), as documented).
             client.sync();
             std::vector<uint32_t> seen(16);
-            if (nativeRead(client, nv.address, seen.data(), 64)) {
+            if (nativeCopy(client, nv.address, seen.data(), 64, false)) {
                 CHECK(seen == std::vector<uint32_t>(16, 0xB0B0B0B0u));
-                const std::vector<uint32_t> mark(16, 0x12345678u);
-                REQUIRE(nativeWrite(client, nv.address, mark.data(), 64));
+                std::vector<uint32_t> mark(16, 0x12345678u);
+                REQUIRE(nativeCopy(client, nv.address, mark.data(), 64, true));
                 const std::vector<uint32_t> got = client.readAs<uint32_t>(b);
                 for (size_t i = 0; i < got.size(); ++i) {
                     CAPTURE(i);
