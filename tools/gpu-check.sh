@@ -120,6 +120,9 @@ if [ "$mode" = multidevice ]; then
     list=$(seq -s, -f 'cuda:%g' 0 $((gpus - 1)))
     timeout 300 $tool demo --devices "$list" > "$OUT/demo.txt" 2>&1
     echo "demo --devices $list (one process): rc=$?" | tee -a "$OUT/summary.txt"
+    # The TCP rendezvous admits only processes that know the job's token.
+    BACKPLANE_RENDEZVOUS_TOKEN=$($tool token)
+    export BACKPLANE_RENDEZVOUS_TOKEN
     for rdv in tcp:127.0.0.1:29533 dir:/tmp/bp-rdv-$$; do
         pids=()
         for r in $(seq 0 $((gpus - 1))); do

@@ -7,6 +7,7 @@
 
 #include <backplane/communicator.hpp>
 #include <backplane/error.hpp>
+#include <backplane/log.hpp>
 
 #include <doctest/doctest.h>
 
@@ -14,6 +15,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +30,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -267,12 +270,27 @@ RawSocket acceptRaw(uint16_t port) {
     return RawSocket(fd);
 }
 
-std::vector<std::byte> hello(uint32_t process, uint32_t count, uint32_t magic = wire::kHelloMagic) {
+/// The job's token in these cases, and another job's.
+const std::string kToken = "rendezvous-test-token-0123456789";
+const std::string kOtherToken = "another-jobs-token-9876543210abc";
+
+/// A TCP rendezvous of this job (the token given, nothing from the environment).
+std::unique_ptr<Rendezvous> tcp(const std::string &address, uint32_t process, uint32_t count,
+                                std::chrono::milliseconds timeout,
+                                const std::string &token = kToken, const std::string &bind = "") {
+    return tcpRendezvous(address, process, count, timeout, {token, bind});
+}
+
+/// Hello's head (magic, version, process, count) and, unless `nonce` is empty, the nonce.
+std::vector<std::byte> hello(uint32_t process, uint32_t count, uint32_t magic = wire::kHelloMagic,
+                             std::optional<wire::Nonce> nonce = wire::Nonce{},
+                             uint32_t version = wire::kVersion) {
     std::vector<std::byte> frame;
     wire::appendU32(frame, magic);
-    wire::appendU32(frame, wire::kVersion);
+    wire::appendU32(frame, version);
     wire::appendU32(frame, process);
     wire::appendU32(frame, count);
+    if (nonce) frame.insert(frame.end(), nonce->begin(), nonce->end());
     return frame;
 }
 
@@ -282,21 +300,60 @@ std::vector<std::byte> u32Frame(uint32_t value) {
     return frame;
 }
 
+/// A peer's half of the handshake as bytes: what it sent, so a case can replay it.
+struct PeerHandshake {
+    std::vector<std::byte> hello;
+    std::vector<std::byte> proof;
+};
+
+/// Introduces a raw connection as process `process` of `count` knowing `token`: sends Hello,
+/// checks process 0's Challenge, sends the Proof. Returns what was sent.
+PeerHandshake introduceRaw(const RawSocket &peer, uint32_t process, uint32_t count,
+                           const std::string &token = kToken) {
+    const wire::Nonce mine = wire::freshNonce();
+    PeerHandshake sent{hello(process, count, wire::kHelloMagic, mine), {}};
+    peer.send(sent.hello);
+    const auto challenge = peer.receive(wire::kChallengeBytes);
+    REQUIRE(challenge.size() == wire::kChallengeBytes);
+    REQUIRE(wire::readU32(challenge.data()) == wire::kChallengeMagic);
+    wire::Nonce theirs{};
+    std::memcpy(theirs.data(), challenge.data() + 4, theirs.size());
+    REQUIRE(wire::sameMac(challenge.data() + 4 + wire::kNonceBytes,
+                          wire::handshakeMac(token, wire::Side::Zero, mine, theirs, process, count)));
+    const wire::Mac proof = wire::handshakeMac(token, wire::Side::Peer, mine, theirs, process, count);
+    wire::appendU32(sent.proof, wire::kProofMagic);
+    sent.proof.insert(sent.proof.end(), proof.begin(), proof.end());
+    peer.send(sent.proof);
+    return sent;
+}
+
 /// Connects as process `process` of `count` and checks that process 0 welcomes it.
 RawSocket joinAsPeer(uint16_t port, uint32_t process, uint32_t count) {
     RawSocket peer = connectRaw(port);
-    peer.send(hello(process, count));
+    introduceRaw(peer, process, count);
     const auto answer = peer.receive(4);
     REQUIRE(answer.size() == 4);
     REQUIRE(wire::readU32(answer.data()) == wire::kWelcomeMagic);
     return peer;
 }
 
-/// Reads a peer's Hello and answers Welcome: a fake process 0's side of the introduction.
+/// Reads a peer's Hello, challenges it with the job's token, reads its Proof and answers
+/// Welcome: a fake process 0's side of the introduction (the proof is not checked).
 void welcome(const RawSocket &zero) {
     const auto introduction = zero.receive(wire::kHelloBytes);
     REQUIRE(introduction.size() == wire::kHelloBytes);
     REQUIRE(wire::readU32(introduction.data()) == wire::kHelloMagic);
+    wire::Nonce theirs{};
+    std::memcpy(theirs.data(), introduction.data() + wire::kHelloHeadBytes, theirs.size());
+    const wire::Nonce mine = wire::freshNonce();
+    std::vector<std::byte> challenge = u32Frame(wire::kChallengeMagic);
+    challenge.insert(challenge.end(), mine.begin(), mine.end());
+    const wire::Mac mac = wire::handshakeMac(kToken, wire::Side::Zero, theirs, mine,
+                                             wire::readU32(introduction.data() + 8),
+                                             wire::readU32(introduction.data() + 12));
+    challenge.insert(challenge.end(), mac.begin(), mac.end());
+    zero.send(challenge);
+    REQUIRE(zero.receive(wire::kProofBytes).size() == wire::kProofBytes);
     zero.send(u32Frame(wire::kWelcomeMagic));
 }
 
@@ -339,7 +396,7 @@ TEST_CASE(
     std::vector<std::unique_ptr<Rendezvous>> all;
     all.push_back(localRendezvous());
     all.push_back(directoryRendezvous(dir.path.string(), 0, 1));
-    all.push_back(tcpRendezvous(loopback(freePort()), 0, 1, 1s));
+    all.push_back(tcp(loopback(freePort()), 0, 1, 1s));
     const std::vector<std::byte> tooLarge(detail::kMaxContributionBytes + 1);
     for (auto &rendezvous : all) {
         const Failure zero = failureOf([&] { rendezvous->allGather({}, 0ms); });
@@ -358,9 +415,9 @@ TEST_CASE("a rendezvous index outside the process count is refused") {
     CHECK(contains(directory.message, "process 3 is out of range for 3 processes"));
     const Failure none = failureOf([&] { directoryRendezvous(dir.path.string(), 0, 0); });
     CHECK(none.code == ErrorCode::InvalidArgument);
-    const Failure tcp = failureOf([&] { tcpRendezvous(loopback(freePort()), 2, 2, 1s); });
-    CHECK(tcp.code == ErrorCode::InvalidArgument);
-    CHECK(contains(tcp.message, "out of range"));
+    const Failure overTcp = failureOf([&] { tcp(loopback(freePort()), 2, 2, 1s); });
+    CHECK(overTcp.code == ErrorCode::InvalidArgument);
+    CHECK(contains(overTcp.message, "out of range"));
 }
 
 TEST_CASE("timeouts and process lists read naturally in messages") {
@@ -497,7 +554,7 @@ TEST_CASE("a tcp rendezvous gathers four threads' contributions over several ste
         const std::string address = loopback(freePort());
         constexpr uint32_t kCount = 4;
         const auto failures = onThreads(kCount, [&](uint32_t p) {
-            auto rendezvous = tcpRendezvous(address, p, kCount, 10s);
+            auto rendezvous = tcp(address, p, kCount, 10s);
             if (auto wrong = gatherSteps(*rendezvous, p, kCount, 5); !wrong.empty())
                 throw std::runtime_error(wrong);
         });
@@ -510,7 +567,7 @@ TEST_CASE("a tcp rendezvous gathers four forked processes' contributions, large 
     const std::string address = loopback(freePort());
     constexpr uint32_t kCount = 4;
     const auto statuses = onProcesses(kCount, [&](uint32_t p) {
-        auto rendezvous = tcpRendezvous(address, p, kCount, 10s);
+        auto rendezvous = tcp(address, p, kCount, 10s);
         if (const std::string wrong = gatherSteps(*rendezvous, p, kCount); !wrong.empty()) {
             std::fprintf(stderr, "process %u: %s\n", p, wrong.c_str());
             return 1;
@@ -536,14 +593,16 @@ TEST_CASE("tcp process 0 times out naming the process that never connected, and 
         std::vector<Failure> failures(2);
         onThreads(2, [&](uint32_t p) {
             failures[p] = failureOf([&] {
-                auto rendezvous = tcpRendezvous(loopback(port), p, 3, 2s);
+                auto rendezvous = tcp(loopback(port), p, 3, 2s);
                 rendezvous->allGather(contribution(p, 0), 10s);
             });
         });
         CHECK(secondsSince(start) < 5.0);
         CHECK(failures[0].code == ErrorCode::Timeout);
         CHECK_MESSAGE(failures[0].message == "tcp rendezvous at 127.0.0.1:" + std::to_string(port) +
-                                                 ": process 2 of 3 did not connect within 2 s",
+                                                 ": process 2 of 3 did not connect within 2 s "
+                                                 "(process 0 listened on 127.0.0.1:" +
+                                                 std::to_string(port) + ")",
                       failures[0].message);
         // Process 1 connected, and hears process 0's reason instead of waiting 10 s.
         CHECK(failures[1].code == ErrorCode::Timeout);
@@ -557,7 +616,7 @@ TEST_CASE("a tcp peer times out when process 0 never listens, naming the address
     bounded("tcp peer connect timeout", [] {
         const uint16_t port = freePort();
         const auto start = Clock::now();
-        const Failure failure = failureOf([&] { tcpRendezvous(loopback(port), 1, 2, 300ms); });
+        const Failure failure = failureOf([&] { tcp(loopback(port), 1, 2, 300ms); });
         CHECK(secondsSince(start) < 5.0);
         CHECK(failure.code == ErrorCode::Timeout);
         CHECK_MESSAGE(
@@ -576,7 +635,7 @@ TEST_CASE("a tcp step where one process never contributes times out naming it") 
         std::atomic<int> finished = 0;
         const auto start = Clock::now();
         onThreads(3, [&](uint32_t p) {
-            auto rendezvous = tcpRendezvous(address, p, 3, 10s);
+            auto rendezvous = tcp(address, p, 3, 10s);
             if (p == 2) { // connected, then silent until the others are done
                 while (finished < 2)
                     std::this_thread::sleep_for(5ms);
@@ -600,7 +659,7 @@ TEST_CASE("tcp process 0 fails at once, naming the peer, when a peer announces a
         Failure failure;
         std::thread zero([&] {
             failure = failureOf([&] {
-                auto rendezvous = tcpRendezvous(loopback(port), 0, 2, 10s);
+                auto rendezvous = tcp(loopback(port), 0, 2, 10s);
                 rendezvous->allGather(bytes("zero"), 10s);
             });
         });
@@ -632,7 +691,7 @@ TEST_CASE("tcp process 0 fails at once, naming the peer, when a peer sends garba
         Failure failure;
         std::thread zero([&] {
             failure = failureOf([&] {
-                auto rendezvous = tcpRendezvous(loopback(port), 0, 2, 10s);
+                auto rendezvous = tcp(loopback(port), 0, 2, 10s);
                 rendezvous->allGather(bytes("zero"), 10s);
             });
         });
@@ -654,7 +713,7 @@ TEST_CASE("tcp process 0 fails at once, naming the peer, when a peer closes its 
         Failure failure;
         std::thread zero([&] {
             failure = failureOf([&] {
-                auto rendezvous = tcpRendezvous(loopback(port), 0, 3, 10s);
+                auto rendezvous = tcp(loopback(port), 0, 3, 10s);
                 rendezvous->allGather(bytes("zero"), 10s);
             });
         });
@@ -684,15 +743,21 @@ TEST_CASE(
         {
             Failure failure;
             std::thread zero(
-                [&] { failure = failureOf([&] { tcpRendezvous(loopback(port), 0, 2, 1s); }); });
+                [&] { failure = failureOf([&] { tcp(loopback(port), 0, 2, 1s); }); });
             RawSocket stranger = connectRaw(port);
             stranger.send(bytes("SSH-2.0-OpenSSH_9.2\r\n"));
             zero.join();
             CHECK(failure.code == ErrorCode::Timeout);
             CHECK_MESSAGE(contains(failure.message,
-                                   "process 1 of 2 did not connect within 1 s (ignored 1 "
-                                   "connection(s) that did not introduce themselves as backplane "
-                                   "peers, the last from 127.0.0.1:"),
+                                   "process 1 of 2 did not connect within 1 s (process 0 listened "
+                                   "on 127.0.0.1:" +
+                                       std::to_string(port) +
+                                       "); refused 1 connection(s) that did not prove they "
+                                       "belong to this job, the last: the connection from "
+                                       "127.0.0.1:"),
+                          failure.message);
+            CHECK_MESSAGE(contains(failure.message,
+                                   "is not a backplane peer (its first bytes are 0x2d485353)"),
                           failure.message);
         }
         // A stranger first, then the real peer: the rendezvous works.
@@ -700,7 +765,7 @@ TEST_CASE(
         std::vector<std::string> failures(2);
         std::thread zero([&] {
             try {
-                auto rendezvous = tcpRendezvous(loopback(port2), 0, 2, 10s);
+                auto rendezvous = tcp(loopback(port2), 0, 2, 10s);
                 failures[0] = gatherSteps(*rendezvous, 0, 2);
             } catch (const std::exception &e) {
                 failures[0] = e.what();
@@ -709,7 +774,7 @@ TEST_CASE(
         RawSocket stranger = connectRaw(port2);
         stranger.send(bytes("\x01\x02\x03\x04 garbage garbage"));
         try {
-            auto rendezvous = tcpRendezvous(loopback(port2), 1, 2, 10s);
+            auto rendezvous = tcp(loopback(port2), 1, 2, 10s);
             failures[1] = gatherSteps(*rendezvous, 1, 2);
         } catch (const std::exception &e) {
             failures[1] = e.what();
@@ -728,13 +793,13 @@ TEST_CASE("tcp process 0 refuses a peer of another process count or a duplicate 
             const uint16_t port = freePort();
             Failure zeroFailure;
             std::thread zero([&] {
-                zeroFailure = failureOf([&] { tcpRendezvous(loopback(port), 0, 3, 10s); });
+                zeroFailure = failureOf([&] { tcp(loopback(port), 0, 3, 10s); });
             });
             Failure peerFailure;
             std::optional<RawSocket> first;
             if (duplicate) first.emplace(joinAsPeer(port, 1, 3));
             peerFailure =
-                failureOf([&] { tcpRendezvous(loopback(port), 1, duplicate ? 3 : 4, 10s); });
+                failureOf([&] { tcp(loopback(port), 1, duplicate ? 3 : 4, 10s); });
             zero.join();
             CHECK(zeroFailure.code == ErrorCode::InvalidArgument);
             CHECK(peerFailure.code == ErrorCode::InvalidArgument);
@@ -777,7 +842,7 @@ TEST_CASE("a tcp peer fails with a clear error when process 0 sends garbage, a h
             });
             const auto start = Clock::now();
             const Failure failure = failureOf([&] {
-                auto rendezvous = tcpRendezvous(loopback(port), 1, 2, 10s);
+                auto rendezvous = tcp(loopback(port), 1, 2, 10s);
                 rendezvous->allGather(bytes("one"), 10s);
             });
             fakeZero.join();
@@ -814,7 +879,7 @@ TEST_CASE("tcp process 0 survives a peer that closes while it sends the result (
         Failure failure;
         std::thread zero([&] {
             failure = failureOf([&] {
-                auto rendezvous = tcpRendezvous(loopback(port), 0, 2, 10s);
+                auto rendezvous = tcp(loopback(port), 0, 2, 10s);
                 // 32 MiB cannot sit in socket buffers: process 0 is still sending when the peer
                 // is gone.
                 rendezvous->allGather(std::vector<std::byte>(32u << 20), 10s);
@@ -851,7 +916,7 @@ TEST_CASE("a tcp rendezvous refuses port 0 and malformed addresses") {
     for (const auto &[address, expected] : cases) {
         CAPTURE(address);
         for (uint32_t p : {0u, 1u}) {
-            const Failure failure = failureOf([&] { tcpRendezvous(address, p, 2, 1s); });
+            const Failure failure = failureOf([&] { tcp(address, p, 2, 1s); });
             CHECK(failure.code == ErrorCode::InvalidArgument);
             CHECK_MESSAGE(contains(failure.message, expected), failure.message);
         }
@@ -876,13 +941,252 @@ TEST_CASE("a tcp rendezvous works over IPv6 loopback where the machine has it") 
     bounded("tcp ipv6", [] {
         const std::string target = "[::1]:" + std::to_string(freePort());
         const auto failures = onThreads(2, [&](uint32_t p) {
-            auto rendezvous = tcpRendezvous(target, p, 2, 10s);
+            auto rendezvous = tcp(target, p, 2, 10s);
             if (auto wrong = gatherSteps(*rendezvous, p, 2); !wrong.empty())
                 throw std::runtime_error(wrong);
         });
         CHECK(failures[0] == "");
         CHECK(failures[1] == "");
     });
+}
+
+// ---- who may join ----------------------------------------------------------------------------
+
+namespace {
+
+/// Collects what the core logs (subsystem "comm") while it lives.
+struct LogCapture {
+    std::mutex mutex;
+    std::vector<std::string> lines;
+    LogCapture() {
+        log::setSink([this](log::Level level, log::Subsystem from, std::string_view message) {
+            if (from != log::Subsystem::Comm || level < log::Level::Warn) return;
+            std::lock_guard lock(mutex);
+            lines.emplace_back(message);
+        });
+    }
+    ~LogCapture() { log::setSink(nullptr); }
+    /// The lines that contain `needle`.
+    size_t count(const std::string &needle) {
+        std::lock_guard lock(mutex);
+        size_t n = 0;
+        for (const auto &line : lines)
+            n += contains(line, needle) ? 1 : 0;
+        return n;
+    }
+};
+
+/// Whether a connection to ip:port is accepted now.
+bool accepts(const char *ip, uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    ::inet_pton(AF_INET, ip, &address.sin_addr);
+    address.sin_port = htons(port);
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&address), sizeof address) == 0;
+    ::close(fd);
+    return ok;
+}
+
+} // namespace
+
+TEST_CASE("tcp process 0 admits only connections that prove they know the token, and the job "
+          "goes on") {
+    bounded("tcp admission", [] {
+        LogCapture log;
+        const uint16_t port = freePort();
+        // A handshake recorded from an earlier job with the same token, to replay below.
+        PeerHandshake recorded;
+        {
+            const uint16_t earlier = freePort();
+            std::thread zero([&] { tcp(loopback(earlier), 0, 3, 10s); });
+            RawSocket peer = connectRaw(earlier);
+            recorded = introduceRaw(peer, 1, 3);
+            RawSocket other = joinAsPeer(earlier, 2, 3);
+            const auto answer = peer.receive(4);
+            REQUIRE(answer.size() == 4);
+            CHECK(wire::readU32(answer.data()) == wire::kWelcomeMagic);
+            zero.join();
+        }
+        std::string zeroFailure = "(not run)";
+        std::thread zero([&] {
+            try {
+                auto rendezvous = tcp(loopback(port), 0, 3, 15s);
+                zeroFailure = gatherSteps(*rendezvous, 0, 3);
+            } catch (const std::exception &e) {
+                zeroFailure = e.what();
+            }
+        });
+        const auto start = Clock::now();
+        // Connections that stay open and silent or stop half-way, and more than process 0 keeps
+        // waiting at once: none may hold a real peer out.
+        std::vector<RawSocket> silent;
+        for (int i = 0; i < 80; ++i)
+            silent.push_back(connectRaw(port));
+        silent.front().send(hello(1, 3, wire::kHelloMagic, std::nullopt)); // the head only
+        // Each of these is refused, and said so to the ones that are backplane peers.
+        const auto refusedWith = [&](const std::vector<std::byte> &first,
+                                     const std::vector<std::byte> &then = {}) {
+            RawSocket stranger = connectRaw(port);
+            stranger.send(first);
+            if (!then.empty()) {
+                stranger.receive(wire::kChallengeBytes);
+                stranger.send(then);
+            }
+            const auto answer = stranger.receive(4);
+            return answer.size() == 4 ? wire::readU32(answer.data()) : 0u;
+        };
+        // No token: a made-up proof.
+        std::vector<std::byte> madeUp = u32Frame(wire::kProofMagic);
+        madeUp.resize(wire::kProofBytes, std::byte{0x5a});
+        CHECK(refusedWith(hello(1, 3, wire::kHelloMagic, wire::freshNonce()), madeUp) ==
+              wire::kAbortMagic);
+        // The earlier job's handshake, replayed: process 0's nonce differs now.
+        CHECK(refusedWith(recorded.hello, recorded.proof) == wire::kAbortMagic);
+        // A peer of the previous protocol version (no handshake).
+        CHECK(refusedWith(hello(1, 3, wire::kHelloMagic, std::nullopt, 1)) == wire::kAbortMagic);
+        // A contribution announcing 1 GiB before any introduction, and a deeply nested JSON text:
+        // process 0 reads 16 bytes of each.
+        std::vector<std::byte> huge = u32Frame(wire::kContributionMagic);
+        wire::appendU64(huge, 0);
+        wire::appendU64(huge, uint64_t{1} << 30);
+        CHECK(refusedWith(huge) == 0u);
+        CHECK(refusedWith(bytes(std::string(100000, '[') + std::string(100000, ']'))) == 0u);
+        // A process of another job (another token): it learns so and sends nothing.
+        const Failure other = failureOf([&] { tcp(loopback(port), 1, 3, 10s, kOtherToken); });
+        CHECK(other.code == ErrorCode::InvalidArgument);
+        CHECK_MESSAGE(contains(other.message, "the process listening there does not know this "
+                                              "job's token"),
+                      other.message);
+
+        // The job's real processes still get in, and every step works.
+        const auto failures = onThreads(2, [&](uint32_t i) {
+            auto rendezvous = tcp(loopback(port), i + 1, 3, 10s);
+            if (auto wrong = gatherSteps(*rendezvous, i + 1, 3); !wrong.empty())
+                throw std::runtime_error(wrong);
+        });
+        zero.join();
+        CHECK(secondsSince(start) < 10.0);
+        CHECK(zeroFailure == "");
+        CHECK(failures[0] == "");
+        CHECK(failures[1] == "");
+        // One warning per refused connection, each naming the reason.
+        CHECK(log.count("did not prove it knows the job's token (another job, a different "
+                        "BACKPLANE_RENDEZVOUS_TOKEN, or a replayed handshake)") == 2);
+        CHECK(log.count("speaks rendezvous protocol version 1, process 0 version 2") == 1);
+        CHECK(log.count("is not a backplane peer (its first bytes are 0x43525042)") == 1);
+        CHECK(log.count("is not a backplane peer (its first bytes are 0x5b5b5b5b)") == 1);
+        CHECK(log.count("newer connections were waiting") >= 16);
+        CHECK(log.count("; still waiting for the job's processes") >= 21);
+    });
+}
+
+TEST_CASE("a tcp peer sends nothing to a process 0 that does not know the job's token") {
+    bounded("tcp impostor", [] {
+        const uint16_t port = freePort();
+        size_t afterChallenge = 1;
+        std::thread impostor([&] {
+            RawSocket zero = acceptRaw(port);
+            REQUIRE(zero.receive(wire::kHelloBytes).size() == wire::kHelloBytes);
+            std::vector<std::byte> challenge = u32Frame(wire::kChallengeMagic);
+            challenge.resize(wire::kChallengeBytes, std::byte{0x11}); // a nonce and a guessed MAC
+            zero.send(challenge);
+            afterChallenge = zero.receive(wire::kProofBytes).size(); // the peer closes instead
+        });
+        const Failure failure = failureOf([&] { tcp(loopback(port), 1, 2, 10s); });
+        impostor.join();
+        CHECK(afterChallenge == 0);
+        CHECK(failure.code == ErrorCode::InvalidArgument);
+        CHECK_MESSAGE(contains(failure.message,
+                               "process 1 of 2, introducing itself: the process listening there "
+                               "does not know this job's token"),
+                      failure.message);
+    });
+}
+
+TEST_CASE("tcp process 0 listens only at the address it was given, unless told \"*\"") {
+    bounded("tcp bind", [] {
+        // 127.0.0.2 reaches this machine too (all of 127/8 is loopback on Linux): a listener on
+        // every interface answers there, one bound to 127.0.0.1 does not.
+        for (const bool everywhere : {false, true}) {
+            CAPTURE(everywhere);
+            const uint16_t port = freePort();
+            std::string zeroFailure = "(not run)";
+            std::thread zero([&] {
+                zeroFailure = failureOf([&] {
+                                  tcp(loopback(port), 0, 2, 10s, kToken, everywhere ? "*" : "");
+                              }).message;
+            });
+            connectRaw(port); // listening now (a connection that says nothing is dropped)
+            CHECK(accepts("127.0.0.2", port) == everywhere);
+            tcp(loopback(port), 1, 2, 10s);
+            zero.join();
+            CHECK(zeroFailure == "(no exception)");
+        }
+    });
+}
+
+TEST_CASE("a tcp rendezvous of several processes needs a token of at least 16 bytes") {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"", "no token, so nothing would keep other programs out: set BACKPLANE_RENDEZVOUS_TOKEN"},
+        {"fifteen-bytes!!", "the token has 15 bytes, fewer than 16"},
+    };
+    for (const auto &[token, expected] : cases)
+        for (uint32_t p : {0u, 1u}) {
+            CAPTURE(p);
+            const Failure failure = failureOf([&] { tcp(loopback(freePort()), p, 2, 1s, token); });
+            CHECK(failure.code == ErrorCode::InvalidArgument);
+            CHECK_MESSAGE(contains(failure.message, expected), failure.message);
+        }
+    // One process meets nobody: no token needed.
+    CHECK(tcp(loopback(freePort()), 0, 1, 1s, "")->allGather(bytes("a"), 1s).size() == 1);
+    // Fresh tokens: 64 hexadecimal digits, never the same twice.
+    const std::string a = newRendezvousToken();
+    CHECK(a.size() == 64);
+    CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
+    CHECK(a != newRendezvousToken());
+}
+
+TEST_CASE("a directory rendezvous is private to its user: created 0700, refused when others may "
+          "write it") {
+    TempDir parent;
+    const fs::path fresh = parent.path / "job";
+    {
+        auto rendezvous = directoryRendezvous(fresh.string(), 0, 1);
+        rendezvous->allGather(bytes("zero"), 1s);
+    }
+    CHECK((fs::status(fresh).permissions() & fs::perms::all) == fs::perms::owner_all);
+    for (const auto &entry : fs::directory_iterator(fresh))
+        CHECK_MESSAGE((fs::status(entry).permissions() & (fs::perms::group_all | fs::perms::others_all)) ==
+                          fs::perms::none,
+                      entry.path().string());
+    const std::vector<std::pair<::mode_t, std::string>> cases = {
+        {0777, "the directory is writable by every user (mode 0777), who could take a process's "
+               "place: `chmod go-w` it"},
+        {0770, "the directory is writable by its group (mode 0770)"},
+    };
+    for (const auto &[mode, expected] : cases) {
+        const fs::path shared = parent.path / ("shared" + std::to_string(mode));
+        fs::create_directory(shared);
+        REQUIRE(::chmod(shared.c_str(), mode) == 0);
+        const Failure failure = failureOf([&] { directoryRendezvous(shared.string(), 0, 2); });
+        CHECK(failure.code == ErrorCode::InvalidArgument);
+        CHECK_MESSAGE(contains(failure.message, expected), failure.message);
+    }
+    // Another user's directory: only root can make one here.
+    if (::geteuid() == 0) {
+        const fs::path foreign = parent.path / "foreign";
+        fs::create_directory(foreign);
+        REQUIRE(::chmod(foreign.c_str(), 0700) == 0);
+        REQUIRE(::chown(foreign.c_str(), 65534, 65534) == 0);
+        const Failure failure = failureOf([&] { directoryRendezvous(foreign.string(), 0, 2); });
+        CHECK_MESSAGE(contains(failure.message, "the directory belongs to user 65534, not to this "
+                                                "user (0)"),
+                      failure.message);
+    } else {
+        MESSAGE("not root: another user's directory cannot be made here; that part checks nothing");
+    }
 }
 
 // ---- environment -----------------------------------------------------------------------------
@@ -1024,7 +1328,8 @@ TEST_CASE("the rendezvous from the environment follows BACKPLANE_RENDEZVOUS, the
             const std::string port = std::to_string(freePort());
             const auto failures = onThreads(3, [&](uint32_t p) {
                 Environment environment = {{"SLURM_PROCID", std::to_string(p)},
-                                           {"SLURM_NTASKS", "3"}};
+                                           {"SLURM_NTASKS", "3"},
+                                           {"BACKPLANE_RENDEZVOUS_TOKEN", kToken}};
                 if (torchrun) {
                     environment["MASTER_ADDR"] = "127.0.0.1";
                     environment["MASTER_PORT"] = port;
@@ -1070,6 +1375,14 @@ TEST_CASE("the rendezvous from the environment refuses what it cannot use, namin
         {with({{"MASTER_ADDR", "node0"}, {"MASTER_PORT", "http"}}),
          "MASTER_ADDR=\"node0\" MASTER_PORT=\"http\": tcp rendezvous address \"node0:http\": the "
          "port \"http\" is not a number"},
+        {with({{"BACKPLANE_RENDEZVOUS", "tcp:127.0.0.1:29500"}}),
+         "BACKPLANE_RENDEZVOUS=\"tcp:127.0.0.1:29500\": tcp rendezvous at 127.0.0.1:29500: no "
+         "token, so nothing would keep other programs out: set BACKPLANE_RENDEZVOUS_TOKEN"},
+        {with({{"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", "29500"},
+               {"BACKPLANE_RENDEZVOUS_TOKEN", "secret"}}),
+         "MASTER_ADDR=\"127.0.0.1\" MASTER_PORT=\"29500\": tcp rendezvous at 127.0.0.1:29500: the "
+         "token has 6 bytes, fewer than 16"},
         {{{"BACKPLANE_RANK", "2"},
           {"BACKPLANE_WORLD_SIZE", "2"},
           {"BACKPLANE_RENDEZVOUS", "dir:/x"}},

@@ -35,5 +35,6 @@ int runConformance(const Args &args); ///< backplane conformance [--plugin NAME|
 int runPlugin(const Args &args);  ///< backplane plugin new NAME [--meson|--cmake] [--dir DIR]
 int runKernels(const Args &args); ///< backplane kernels dump [--dialect D] [NAME...]
 int runTrace(const Args &args);   ///< backplane trace render TRACE.json OUT.svg
+int runToken(const Args &args);   ///< backplane token
 
 } // namespace backplane::tool

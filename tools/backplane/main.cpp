@@ -50,6 +50,10 @@ constexpr Command kCommands[] = {
     {"trace", &backplane::tool::runTrace,
      "trace render TRACE.json OUT.svg  draw a trace (BACKPLANE_TRACE, --trace) as an SVG"},
 #endif
+#ifdef BACKPLANE_HAVE_CMD_TOKEN
+    {"token", &backplane::tool::runToken,
+     "token                     a fresh secret for BACKPLANE_RENDEZVOUS_TOKEN (multi-process jobs)"},
+#endif
 #ifdef BACKPLANE_HAVE_CMD_CACHE
     {"cache", &backplane::tool::runCache, "cache [info|clear]        kernel and pipeline caches"},
 #endif
@@ -64,7 +68,7 @@ int usage(std::FILE *out) {
         if (c.name != nullptr) std::fprintf(out, "  %s\n", c.usage);
     std::fputs("\nenvironment: BACKPLANE_CONFIG, BACKPLANE_DEVICE, BACKPLANE_PLUGIN_PATH, "
                "BACKPLANE_CACHE_DIR,\n  BACKPLANE_AUTOTUNE, BACKPLANE_MAX_STREAMS, BACKPLANE_LOG, BACKPLANE_TRACE "
-               "(docs/config.md)\n",
+               "(docs/config.md),\n  BACKPLANE_RENDEZVOUS, BACKPLANE_RENDEZVOUS_TOKEN (docs/multi-device.md)\n",
                out);
     return out == stdout ? 0 : 2;
 }

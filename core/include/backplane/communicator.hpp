@@ -42,23 +42,49 @@ public:
 std::unique_ptr<Rendezvous> localRendezvous();
 
 /// Processes sharing a directory (NFS, a node's /tmp): `directory` must be empty or new for each
-/// job/communicator generation; files are written atomically (temp + rename). Created if missing.
-/// Throws Error(InvalidArgument) when process >= processCount, and when the directory already
-/// holds files of this process or of a later step (a directory reused from an earlier job).
+/// job/communicator generation; files are written atomically (temp + rename). Created if missing,
+/// readable and writable by this user only (mode 0700). Whoever can write the directory can join
+/// the job, so it is refused with Error(InvalidArgument) when another user owns it or group or
+/// others may write it. Throws Error(InvalidArgument) also when process >= processCount, and when
+/// the directory already holds files of this process or of a later step (a directory reused from
+/// an earlier job).
 std::unique_ptr<Rendezvous> directoryRendezvous(const std::string &directory, uint32_t process,
                                                 uint32_t processCount);
 
-/// Process 0 listens on the port of `address` ("host:port", "[v6addr]:port") on every interface;
-/// the others connect to it, retrying until `connectTimeout`. The port must be fixed (1-65535):
-/// port 0 is refused with Error(InvalidArgument), since the others must know it. Returns once
-/// connected: process 0 when all processCount-1 others have connected and introduced themselves,
-/// the others when process 0 accepted them. Throws Error(Timeout) naming the address and the
-/// processes that did not connect; Error(InvalidArgument) for a malformed address, a host that
-/// does not resolve, a port in use, a server there that is not a backplane rendezvous, or a peer
-/// with another processCount or a duplicate process index (process 0 tells that peer why).
+/// What a TCP rendezvous needs beyond its address. Empty fields come from the environment.
+struct TcpRendezvousOptions {
+    /// The job's shared secret, the same in every process and at least 16 bytes (newRendezvousToken()
+    /// or `backplane token` make one). Every connection proves it knows the token, and process 0
+    /// proves it to every peer, with an HMAC-SHA256 challenge: the token itself never crosses the
+    /// network. Empty: BACKPLANE_RENDEZVOUS_TOKEN; neither set: Error(InvalidArgument).
+    std::string token;
+    /// Where process 0 listens: a host or address ("10.0.0.5", "node0", "::1"), or "*" for every
+    /// interface. Empty: BACKPLANE_RENDEZVOUS_BIND, else the host of `address` (every address it
+    /// resolves to on process 0's node). Unused by the other processes.
+    std::string bind;
+};
+
+/// Process 0 listens on the port of `address` ("host:port", "[v6addr]:port") at the addresses of
+/// options.bind; the others connect to it, retrying until `connectTimeout`. The port must be
+/// fixed (1-65535): port 0 is refused with Error(InvalidArgument), since the others must know it.
+/// Returns once connected: process 0 when all processCount-1 others have connected and proved
+/// they know the token, the others when process 0 has proved it and accepted them.
+///
+/// A connection that does not prove it knows the token (a stranger, another job, a wrong token,
+/// a replayed handshake, a connection that stops half-way) is refused and logged (subsystem
+/// "comm", level warn) and changes nothing else: the job waits for its real processes. Throws
+/// Error(Timeout) naming the address, the processes that did not connect and the last refused
+/// connection; Error(InvalidArgument) for a malformed address, a missing or short token, a
+/// host that does not resolve, a port in use, a server there that is not a backplane rendezvous
+/// or does not know the token, or a peer that knows the token but was started for another
+/// processCount or with a duplicate process index (process 0 tells that peer why).
 std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
                                           uint32_t processCount,
-                                          std::chrono::milliseconds connectTimeout);
+                                          std::chrono::milliseconds connectTimeout,
+                                          const TcpRendezvousOptions &options = {});
+
+/// A fresh token for TcpRendezvousOptions::token: 32 random bytes as 64 hexadecimal digits.
+std::string newRendezvousToken();
 
 /// This process's place among the processes of a launcher, and which variables said so.
 struct LaunchEnvironment {
@@ -79,10 +105,12 @@ struct LaunchEnvironment {
 LaunchEnvironment launchEnvironment();
 
 /// The rendezvous the environment describes: launchEnvironment() plus BACKPLANE_RENDEZVOUS =
-/// "dir:/path" or "tcp:host:port"; without it, MASTER_ADDR and MASTER_PORT (as torchrun sets
-/// them) mean "tcp:MASTER_ADDR:MASTER_PORT"; without either, localRendezvous() for one process.
+/// "dir:/path" or "tcp:host:port" (with BACKPLANE_RENDEZVOUS_TOKEN and, optionally,
+/// BACKPLANE_RENDEZVOUS_BIND: TcpRendezvousOptions); without it, MASTER_ADDR and MASTER_PORT
+/// (as torchrun sets them) mean "tcp:MASTER_ADDR:MASTER_PORT"; without either, localRendezvous() for one process.
 /// Throws Error(Config) naming the variables when several processes have no rendezvous, when
-/// BACKPLANE_RENDEZVOUS is malformed or only one of MASTER_ADDR/MASTER_PORT is set; otherwise
+/// BACKPLANE_RENDEZVOUS is malformed, only one of MASTER_ADDR/MASTER_PORT is set, or a TCP
+/// rendezvous has no BACKPLANE_RENDEZVOUS_TOKEN (or a short one); otherwise
 /// what directoryRendezvous/tcpRendezvous throw.
 std::unique_ptr<Rendezvous> rendezvousFromEnvironment(std::chrono::milliseconds connectTimeout);
 

@@ -10,8 +10,8 @@ namespace backplane::log {
 enum class Level { Trace = 0, Debug = 1, Info = 2, Warn = 3, Error = 4, Off = 5 };
 
 /// Where a message comes from. `Plugin` carries messages plugins send through the ABI.
-enum class Subsystem { Loader, Config, Memory, Streams, Compile, Tune, Cache, Plugin, Tool };
-inline constexpr int kSubsystemCount = 9;
+enum class Subsystem { Loader, Config, Memory, Streams, Compile, Tune, Cache, Plugin, Tool, Comm };
+inline constexpr int kSubsystemCount = 10;
 
 const char *toString(Level level) noexcept;
 const char *toString(Subsystem subsystem) noexcept;

@@ -100,11 +100,16 @@ public:
         if (directory.empty())
             throw Error(ErrorCode::InvalidArgument, "directory rendezvous: the directory is empty");
         std::error_code ec;
-        fs::create_directories(directory_, ec);
+        if (directory_.has_parent_path()) fs::create_directories(directory_.parent_path(), ec);
+        // The last part with mkdir's own mode, so no other process of the job ever sees it
+        // writable by others between a create and a chmod.
+        if (!ec && ::mkdir(directory_.c_str(), 0700) != 0 && errno != EEXIST)
+            ec = std::error_code(errno, std::generic_category());
         if (ec || !fs::is_directory(directory_, ec))
             throw Error(ErrorCode::InvalidArgument,
                         what() + ": cannot create the directory" +
                             (ec ? ": " + ec.message() : std::string(": not a directory")));
+        refuseForeignDirectory();
         refuseEarlierJob();
     }
 
@@ -162,6 +167,29 @@ private:
         return "step" + std::to_string(step) + ".process" + std::to_string(process);
     }
 
+    /// Whoever can write the directory can take a process's place (or read the contributions: a
+    /// collective engine's unique id is one): it must be this user's and closed to the others.
+    void refuseForeignDirectory() const {
+        struct stat info {};
+        if (::stat(directory_.c_str(), &info) != 0)
+            throw fileError("cannot inspect the directory", errno);
+        if (info.st_uid != ::geteuid())
+            throw Error(ErrorCode::InvalidArgument,
+                        what() + ": the directory belongs to user " + std::to_string(info.st_uid) +
+                            ", not to this user (" + std::to_string(::geteuid()) +
+                            "), who could take a process's place: use a directory of your own");
+        if ((info.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+            char mode[8];
+            std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info.st_mode & 07777));
+            throw Error(ErrorCode::InvalidArgument,
+                        what() + ": the directory is writable by " +
+                            ((info.st_mode & S_IWOTH) != 0 ? "every user" : "its group") +
+                            " (mode " + mode +
+                            "), who could take a process's place: `chmod go-w` it, or use a new "
+                            "directory (backplane creates it with mode 0700)");
+        }
+    }
+
     /// This process has written nothing yet, and no process can get past step 0 without it: a
     /// file of this process, or of a later step, was left by an earlier job.
     void refuseEarlierJob() const {
@@ -199,7 +227,7 @@ private:
         const fs::path temporary =
             directory_ / ("." + fileName(step, process()) + "." + std::to_string(::getpid()) + "." +
                           std::to_string(std::random_device{}()) + ".tmp");
-        const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0) throw fileError("cannot create " + temporary.string(), errno);
         size_t written = 0;
         while (written < data.size()) {
@@ -312,13 +340,19 @@ constexpr LauncherVariables kLaunchers[] = {
 
 std::unique_ptr<Rendezvous> tcpFromSpec(const std::string &variable, const std::string &address,
                                         const LaunchEnvironment &env,
+                                        const EnvironmentLookup &lookup,
                                         std::chrono::milliseconds connectTimeout) {
+    const char *token = lookup("BACKPLANE_RENDEZVOUS_TOKEN");
+    const char *bind = lookup("BACKPLANE_RENDEZVOUS_BIND");
     try {
         parseTcpAddress(address);
+        if (env.processCount > 1)
+            checkToken("tcp rendezvous at " + address, token != nullptr ? token : "");
     } catch (const Error &e) {
         throw Error(ErrorCode::Config, variable + ": " + e.what());
     }
-    return tcpRendezvous(address, env.process, env.processCount, connectTimeout);
+    return tcpRendezvous(address, env.process, env.processCount, connectTimeout,
+                         token != nullptr ? token : "", bind != nullptr ? bind : "");
 }
 
 } // namespace
@@ -359,7 +393,7 @@ std::unique_ptr<Rendezvous> rendezvousFromEnvironment(const EnvironmentLookup &l
         if (text.starts_with("dir:") && text.size() > 4)
             return directoryRendezvous(text.substr(4), env.process, env.processCount);
         if (text.starts_with("tcp:"))
-            return tcpFromSpec(variable, text.substr(4), env, connectTimeout);
+            return tcpFromSpec(variable, text.substr(4), env, lookup, connectTimeout);
         throw Error(ErrorCode::Config,
                     variable + ": expected \"dir:/shared/path\" or \"tcp:host:port\"");
     }
@@ -376,7 +410,7 @@ std::unique_ptr<Rendezvous> rendezvousFromEnvironment(const EnvironmentLookup &l
         if (host.find(':') != std::string::npos && !host.starts_with("[")) host = "[" + host + "]";
         const std::string variable =
             std::string("MASTER_ADDR=\"") + masterAddress + "\" MASTER_PORT=\"" + masterPort + "\"";
-        return tcpFromSpec(variable, host + ":" + masterPort, env, connectTimeout);
+        return tcpFromSpec(variable, host + ":" + masterPort, env, lookup, connectTimeout);
     }
     if (env.processCount == 1) return localRendezvous();
     throw Error(ErrorCode::Config,

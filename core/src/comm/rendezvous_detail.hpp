@@ -5,6 +5,7 @@
 #include <backplane/communicator.hpp>
 #include <backplane/error.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace backplane::detail {
@@ -64,24 +66,54 @@ struct TcpAddress {
 /// Throws Error(InvalidArgument) naming `address` and what is wrong with it.
 TcpAddress parseTcpAddress(const std::string &address);
 
-/// The TCP wire format: every integer little-endian. A peer (process > 0) sends Hello, process 0
-/// answers Welcome or Abort. Each step: every peer sends Contribution, process 0 answers Result,
-/// or Abort when the step failed (then closes). Every length is checked against a limit before
-/// anything is allocated.
+/// The TCP wire format: every integer little-endian. A peer (process > 0) sends Hello; process 0
+/// answers Challenge, the peer checks it and sends Proof, and process 0 answers Welcome or Abort.
+/// Each step: every peer sends Contribution, process 0 answers Result, or Abort when the step
+/// failed (then closes). Every length is checked against a limit before anything is allocated,
+/// and nothing before a Proof has a length at all: what a stranger can make process 0 read is
+/// bounded by the fixed sizes of Hello and Proof.
+///
+/// The handshake proves to both sides that the other knows the job's token without sending it:
+/// each side sends a fresh random nonce, and each answers with an HMAC-SHA256 keyed by the token
+/// over both nonces, the process index and count, and a label per direction (so an answer can
+/// neither be replayed on another connection nor reflected back to its sender).
 namespace wire {
 inline constexpr uint32_t kHelloMagic = 0x48525042;        // "BPRH"
+inline constexpr uint32_t kChallengeMagic = 0x4e525042;    // "BPRN"
+inline constexpr uint32_t kProofMagic = 0x50525042;        // "BPRP"
 inline constexpr uint32_t kWelcomeMagic = 0x57525042;      // "BPRW"
 inline constexpr uint32_t kContributionMagic = 0x43525042; // "BPRC"
 inline constexpr uint32_t kResultMagic = 0x52525042;       // "BPRR"
 inline constexpr uint32_t kAbortMagic = 0x41525042;        // "BPRA"
-inline constexpr uint32_t kVersion = 1;
-/// Hello: magic u32, version u32, process u32, processCount u32.
-inline constexpr size_t kHelloBytes = 16;
+/// 2: the authenticated handshake. Version 1 (no token) peers are refused by name.
+inline constexpr uint32_t kVersion = 2;
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kMacBytes = 32;
+using Nonce = std::array<std::byte, kNonceBytes>;
+using Mac = std::array<std::byte, kMacBytes>;
+/// Hello: magic u32, version u32, process u32, processCount u32 (the head, the same in every
+/// version), then the peer's nonce.
+inline constexpr size_t kHelloHeadBytes = 16;
+inline constexpr size_t kHelloBytes = kHelloHeadBytes + kNonceBytes;
+/// Challenge: magic u32, process 0's nonce, process 0's MAC.
+inline constexpr size_t kChallengeBytes = 4 + kNonceBytes + kMacBytes;
+/// Proof: magic u32, the peer's MAC.
+inline constexpr size_t kProofBytes = 4 + kMacBytes;
 /// Contribution: magic u32, step u64, size u64, then size bytes.
 inline constexpr size_t kContributionHeaderBytes = 20;
 /// Result: magic u32, step u64, count u32, then count times (size u64, size bytes).
 /// Abort: magic u32, code u32 (an ErrorCode), length u32 (at most kMaxReasonBytes), the reason.
 inline constexpr uint32_t kMaxReasonBytes = 4096;
+
+/// Who computes a MAC: process 0 in its Challenge, a peer in its Proof.
+enum class Side { Zero, Peer };
+/// HMAC-SHA256(token, label(side) | peerNonce | zeroNonce | process | processCount).
+Mac handshakeMac(std::string_view token, Side side, const Nonce &peerNonce, const Nonce &zeroNonce,
+                 uint32_t process, uint32_t processCount);
+/// Constant-time comparison.
+bool sameMac(const std::byte *received, const Mac &expected);
+/// Random bytes from the system's generator (OpenSSL's RAND_bytes).
+Nonce freshNonce();
 
 inline void appendU32(std::vector<std::byte> &out, uint32_t value) {
     for (int i = 0; i < 4; ++i)
@@ -104,6 +136,21 @@ inline uint64_t readU64(const std::byte *in) {
     return value;
 }
 } // namespace wire
+
+/// Shortest token accepted: shorter secrets can be guessed offline from one recorded handshake.
+inline constexpr size_t kMinTokenBytes = 16;
+/// Throws Error(InvalidArgument) beginning with `what` when `token` is empty or too short, saying
+/// how to make one.
+void checkToken(const std::string &what, std::string_view token);
+/// 32 random bytes as 64 hexadecimal digits: what `backplane token` prints.
+std::string generateToken();
+
+/// A TCP rendezvous with everything resolved (the public tcpRendezvous reads the environment for
+/// what its options leave empty).
+std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
+                                          uint32_t processCount,
+                                          std::chrono::milliseconds connectTimeout,
+                                          const std::string &token, const std::string &bind);
 
 /// Reads one environment variable: nullptr when unset. The public functions pass ::getenv.
 using EnvironmentLookup = std::function<const char *(const char *name)>;

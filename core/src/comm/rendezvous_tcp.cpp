@@ -3,6 +3,8 @@
 // deadline; MSG_NOSIGNAL keeps a closed peer from raising SIGPIPE.
 #include "comm/rendezvous_detail.hpp"
 
+#include <backplane/log.hpp>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -19,6 +21,8 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -199,14 +203,15 @@ std::vector<std::byte> abortFrame(ErrorCode code, const std::string &reason) {
 class TcpRendezvous final : public CheckedRendezvous {
 public:
     TcpRendezvous(const std::string &address, uint32_t process, uint32_t processCount,
-                  std::chrono::milliseconds connectTimeout)
+                  std::chrono::milliseconds connectTimeout, std::string token, std::string bind)
         : CheckedRendezvous(process, processCount, "tcp rendezvous at " + address),
-          address_(parseTcpAddress(address)) {
+          address_(parseTcpAddress(address)), token_(std::move(token)), bind_(std::move(bind)) {
         if (connectTimeout.count() <= 0)
             throw Error(ErrorCode::InvalidArgument,
                         what() + ": connectTimeout must be positive, got " +
                             std::to_string(connectTimeout.count()) + " ms");
         if (processCount == 1) return;
+        checkToken(what(), token_);
         if (process == 0)
             acceptPeers(connectTimeout);
         else
@@ -232,69 +237,131 @@ protected:
 private:
     // ---- process 0 -------------------------------------------------------------------------
 
-    /// Listens on every interface: the address's host names process 0 for the others, and may
-    /// resolve to a loopback address on process 0's own node (Debian's 127.0.1.1 for the host
-    /// name).
-    Socket listenOnPort() const {
-        int lastError = 0;
-        for (const int family : {AF_INET6, AF_INET}) {
-            Socket socket(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-            if (!socket.valid()) {
-                lastError = errno;
-                continue;
-            }
-            const int one = 1;
-            const int zero = 0;
-            ::setsockopt(socket.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-            sockaddr_storage storage{};
-            socklen_t length = 0;
-            if (family == AF_INET6) {
-                ::setsockopt(socket.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-                auto *v6 = reinterpret_cast<sockaddr_in6 *>(&storage);
-                v6->sin6_family = AF_INET6;
-                v6->sin6_addr = in6addr_any;
-                v6->sin6_port = htons(address_.port);
-                length = sizeof(sockaddr_in6);
-            } else {
-                auto *v4 = reinterpret_cast<sockaddr_in *>(&storage);
-                v4->sin_family = AF_INET;
-                v4->sin_addr.s_addr = htonl(INADDR_ANY);
-                v4->sin_port = htons(address_.port);
-                length = sizeof(sockaddr_in);
-            }
-            if (::bind(socket.fd(), reinterpret_cast<sockaddr *>(&storage), length) != 0) {
-                lastError = errno;
-                if (lastError == EADDRINUSE || lastError == EACCES) break;
-                continue; // IPv6 disabled here: IPv4 only
-            }
-            if (::listen(socket.fd(), static_cast<int>(std::min<uint32_t>(processCount(), 4096))) !=
-                0) {
-                lastError = errno;
-                continue;
-            }
-            return socket;
+    /// One listening socket on `address` (an AF_INET6 wildcard also takes IPv4): invalid when
+    /// the family is not available here; throws when the port is taken.
+    Socket listenAt(const sockaddr *address, socklen_t length, bool dualStack,
+                    std::string &lastError) const {
+        Socket socket(::socket(address->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        if (!socket.valid()) {
+            lastError = std::strerror(errno);
+            return {};
         }
-        throw Error(ErrorCode::InvalidArgument, what() + ": process 0 cannot listen on port " +
-                                                    std::to_string(address_.port) + ": " +
-                                                    std::strerror(lastError));
+        const int one = 1;
+        ::setsockopt(socket.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (address->sa_family == AF_INET6) {
+            const int v6only = dualStack ? 0 : 1;
+            ::setsockopt(socket.fd(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
+        }
+        if (::bind(socket.fd(), address, length) != 0) {
+            lastError = std::strerror(errno);
+            if (errno == EADDRINUSE || errno == EACCES)
+                throw Error(ErrorCode::InvalidArgument,
+                            what() + ": process 0 cannot listen on port " +
+                                std::to_string(address_.port) + ": " + lastError);
+            return {}; // the family or the address is not available on this node
+        }
+        if (::listen(socket.fd(), static_cast<int>(std::min<uint32_t>(processCount(), 4096))) !=
+            0) {
+            lastError = std::strerror(errno);
+            return {};
+        }
+        return socket;
     }
 
-    /// A connection that has not introduced itself yet.
+    /// Listens where bind_ says: "*" every interface (one dual-stack socket, or IPv4 where IPv6
+    /// is off), else every address the bind host (by default the address's host) resolves to on
+    /// this node. Remembers the addresses in listening_ for messages.
+    std::vector<Socket> listen() {
+        const std::string host = bind_.empty() ? address_.host : bind_;
+        std::string lastError = "no address";
+        std::vector<Socket> sockets;
+        if (host == "*") {
+            sockaddr_in6 v6{};
+            v6.sin6_family = AF_INET6;
+            v6.sin6_addr = in6addr_any;
+            v6.sin6_port = htons(address_.port);
+            Socket any = listenAt(reinterpret_cast<const sockaddr *>(&v6), sizeof v6, true,
+                                  lastError);
+            if (!any.valid()) {
+                sockaddr_in v4{};
+                v4.sin_family = AF_INET;
+                v4.sin_addr.s_addr = htonl(INADDR_ANY);
+                v4.sin_port = htons(address_.port);
+                any = listenAt(reinterpret_cast<const sockaddr *>(&v4), sizeof v4, false,
+                               lastError);
+            }
+            if (any.valid()) sockets.push_back(std::move(any));
+            listening_ = "every interface";
+        } else {
+            addrinfo hints{};
+            hints.ai_family = AF_UNSPEC;
+            hints.ai_socktype = SOCK_STREAM;
+            hints.ai_flags = AI_PASSIVE;
+            addrinfo *found = nullptr;
+            const std::string port = std::to_string(address_.port);
+            const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+            if (rc != 0)
+                throw Error(ErrorCode::InvalidArgument,
+                            what() + ": process 0 cannot resolve the address to listen on, \"" +
+                                host + "\": " +
+                                (rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc)) +
+                                " (set BACKPLANE_RENDEZVOUS_BIND or TcpRendezvousOptions::bind "
+                                "to this node's address, or \"*\" for every interface)");
+            std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owner(found, ::freeaddrinfo);
+            std::vector<std::string> names;
+            for (const addrinfo *ai = found; ai != nullptr; ai = ai->ai_next) {
+                sockaddr_storage storage{};
+                std::memcpy(&storage, ai->ai_addr, ai->ai_addrlen);
+                const std::string name = peerName(storage, ai->ai_addrlen);
+                if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+                Socket socket = listenAt(ai->ai_addr, ai->ai_addrlen, false, lastError);
+                if (!socket.valid()) continue;
+                sockets.push_back(std::move(socket));
+                names.push_back(name);
+            }
+            for (const auto &name : names)
+                listening_ += (listening_.empty() ? "" : ", ") + name;
+        }
+        if (sockets.empty())
+            throw Error(ErrorCode::InvalidArgument,
+                        what() + ": process 0 cannot listen on port " +
+                            std::to_string(address_.port) + ": " + lastError);
+        log::write(log::Subsystem::Comm, log::Level::Debug,
+                   what() + ": process 0 listens on " + listening_);
+        return sockets;
+    }
+
+    /// A connection that has not proved it belongs to the job yet.
     struct Pending {
         Socket socket;
         std::string from;
-        std::array<std::byte, wire::kHelloBytes> hello{};
+        /// What arrives next: Hello's head, its nonce, or (after the Challenge) the Proof.
+        enum Stage { Head, HelloNonce, Proof } stage = Head;
+        std::array<std::byte, std::max(wire::kHelloBytes, wire::kProofBytes)> buffer{};
         size_t got = 0;
+        uint32_t process = 0;
+        uint32_t count = 0;
+        wire::Nonce peerNonce{};
+        wire::Nonce zeroNonce{};
+
+        size_t expected() const {
+            return stage == Head ? wire::kHelloHeadBytes
+                                 : stage == HelloNonce ? wire::kNonceBytes : wire::kProofBytes;
+        }
     };
+
+    /// Most connections that may be half-way through their introduction at once; a new one past
+    /// this closes the oldest, so a flood of silent connections cannot lock the real peers out.
+    static constexpr size_t kMaxPending = 64;
 
     void acceptPeers(std::chrono::milliseconds connectTimeout) {
         const auto deadline = Clock::now() + connectTimeout;
-        Socket listener = listenOnPort();
+        std::vector<Socket> listeners = listen();
         peers_.resize(processCount());
         peerNames_.resize(processCount());
         uint32_t connected = 1;
         std::vector<Pending> pending;
-        std::vector<std::string> strangers; // connections that were not backplane peers
+        refused_ = 0;
 
         while (connected < processCount()) {
             // Checked before each wait, not only when one ends empty: a stream of strangers'
@@ -304,16 +371,18 @@ private:
                 for (uint32_t p = 1; p < processCount(); ++p)
                     if (!peers_[p].valid()) missing.push_back(p);
                 std::string reason = formatProcesses(missing, processCount()) +
-                                     " did not connect within " + formatDuration(connectTimeout);
-                if (!strangers.empty())
-                    reason +=
-                        " (ignored " + std::to_string(strangers.size()) +
-                        " connection(s) that did not introduce themselves as backplane peers, the "
-                        "last from " +
-                        strangers.back() + ")";
+                                     " did not connect within " + formatDuration(connectTimeout) +
+                                     " (process 0 listened on " + listening_ + ")";
+                if (refused_ > 0)
+                    reason += "; refused " + std::to_string(refused_) +
+                              " connection(s) that did not prove they belong to this job, the "
+                              "last: " +
+                              lastRefusal_;
                 failAtZero(ErrorCode::Timeout, reason);
             }
-            std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
+            std::vector<pollfd> fds;
+            for (const auto &listener : listeners)
+                fds.push_back({listener.fd(), POLLIN, 0});
             for (const auto &p : pending)
                 fds.push_back({p.socket.fd(), POLLIN, 0});
             const int ready = ::poll(fds.data(), fds.size(), pollMillis(deadline));
@@ -321,54 +390,121 @@ private:
                 failAtZero(ErrorCode::InvalidArgument,
                            std::string("poll failed: ") + std::strerror(errno));
             if (ready <= 0) continue;
-            // Introductions first: the listener's new connections are appended to `pending`.
-            for (size_t i = fds.size() - 1; i >= 1; --i) {
+            // Introductions first: the listeners' new connections are appended to `pending`.
+            for (size_t i = fds.size() - 1; i >= listeners.size(); --i) {
                 if (fds[i].revents == 0) continue;
-                Pending &p = pending[i - 1];
-                const Io io =
-                    receiveAvailable(p.socket.fd(), p.hello.data(), p.hello.size(), p.got);
-                if (io.kind == Io::TimedOut) continue;
-                if (io.kind != Io::Done) {
-                    strangers.push_back(p.from);
-                    pending.erase(pending.begin() + static_cast<ptrdiff_t>(i - 1));
-                    continue;
-                }
-                Pending introduced = std::move(p);
-                pending.erase(pending.begin() + static_cast<ptrdiff_t>(i - 1));
-                if (admit(std::move(introduced), strangers, deadline)) ++connected;
+                const size_t index = i - listeners.size();
+                std::optional<Pending> done = advance(pending[index], deadline);
+                if (pending[index].socket.valid() && !done) continue; // more to come
+                pending.erase(pending.begin() + static_cast<ptrdiff_t>(index));
+                if (done && admit(std::move(*done), deadline)) ++connected;
             }
-            if (fds[0].revents != 0) {
+            for (size_t l = 0; l < listeners.size(); ++l) {
+                if (fds[l].revents == 0) continue;
                 while (true) {
                     sockaddr_storage from{};
                     socklen_t length = sizeof from;
-                    const int fd = ::accept4(listener.fd(), reinterpret_cast<sockaddr *>(&from),
+                    const int fd = ::accept4(listeners[l].fd(), reinterpret_cast<sockaddr *>(&from),
                                              &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
                     if (fd < 0) break; // EAGAIN, or a connection that went away meanwhile
                     setNoDelay(fd);
+                    if (pending.size() == kMaxPending) {
+                        refuse(pending.front(), "still had not introduced itself when " +
+                                                    std::to_string(kMaxPending) +
+                                                    " newer connections were waiting");
+                        pending.erase(pending.begin());
+                    }
                     pending.push_back({Socket(fd), peerName(from, length)});
                 }
             }
         }
     }
 
-    /// Takes a complete introduction: true when it is a new peer. A stranger is dropped and
-    /// noted; a backplane peer that does not fit this communicator fails the rendezvous.
-    bool admit(Pending introduced, std::vector<std::string> &strangers,
-               Clock::time_point deadline) {
-        const std::byte *h = introduced.hello.data();
-        if (wire::readU32(h) != wire::kHelloMagic) {
-            strangers.push_back(introduced.from);
-            return false;
+    /// Reads what `p` has sent: the completed introduction once its Proof checks out, else
+    /// nothing (p.socket closed when it was refused).
+    std::optional<Pending> advance(Pending &p, Clock::time_point deadline) {
+        while (true) {
+            const Io io = receiveAvailable(p.socket.fd(), p.buffer.data(), p.expected(), p.got);
+            if (io.kind == Io::TimedOut) return std::nullopt;
+            if (io.kind != Io::Done) {
+                refuse(p, p.stage == Pending::Head && p.got == 0
+                              ? "closed without a word"
+                              : "closed its connection half-way through the introduction");
+                return std::nullopt;
+            }
+            const std::byte *in = p.buffer.data();
+            p.got = 0;
+            if (p.stage == Pending::Head) {
+                if (wire::readU32(in) != wire::kHelloMagic) {
+                    refuse(p, "is not a backplane peer (its first bytes are " +
+                                  hex(wire::readU32(in)) + ")");
+                    return std::nullopt;
+                }
+                if (const uint32_t version = wire::readU32(in + 4); version != wire::kVersion) {
+                    refuse(p, "speaks rendezvous protocol version " + std::to_string(version) +
+                                  ", process 0 version " + std::to_string(wire::kVersion) +
+                                  " (different backplane versions)",
+                           true);
+                    return std::nullopt;
+                }
+                p.process = wire::readU32(in + 8);
+                p.count = wire::readU32(in + 12);
+                p.stage = Pending::HelloNonce;
+            } else if (p.stage == Pending::HelloNonce) {
+                std::memcpy(p.peerNonce.data(), in, wire::kNonceBytes);
+                p.zeroNonce = wire::freshNonce();
+                const wire::Mac mac = wire::handshakeMac(token_, wire::Side::Zero, p.peerNonce,
+                                                         p.zeroNonce, p.process, p.count);
+                std::vector<std::byte> challenge;
+                wire::appendU32(challenge, wire::kChallengeMagic);
+                challenge.insert(challenge.end(), p.zeroNonce.begin(), p.zeroNonce.end());
+                challenge.insert(challenge.end(), mac.begin(), mac.end());
+                if (sendAll(p.socket.fd(), challenge.data(), challenge.size(),
+                            std::min(deadline, Clock::now() + std::chrono::milliseconds(100)))
+                        .kind != Io::Done) {
+                    refuse(p, "did not take process 0's challenge");
+                    return std::nullopt;
+                }
+                p.stage = Pending::Proof;
+            } else {
+                const wire::Mac expected = wire::handshakeMac(
+                    token_, wire::Side::Peer, p.peerNonce, p.zeroNonce, p.process, p.count);
+                if (wire::readU32(in) != wire::kProofMagic || !wire::sameMac(in + 4, expected)) {
+                    refuse(p, "did not prove it knows the job's token (another job, a different "
+                              "BACKPLANE_RENDEZVOUS_TOKEN, or a replayed handshake)",
+                           true);
+                    return std::nullopt;
+                }
+                return std::move(p);
+            }
         }
-        const uint32_t version = wire::readU32(h + 4);
-        const uint32_t peer = wire::readU32(h + 8);
-        const uint32_t count = wire::readU32(h + 12);
+    }
+
+    /// Closes a connection that did not prove it belongs to the job, logs why and remembers it
+    /// for the timeout message; `tell`: first sends the reason (to a backplane peer, which then
+    /// fails with it instead of waiting).
+    void refuse(Pending &p, const std::string &why, bool tell = false) {
+        const std::string line = "the connection from " + p.from + " " + why;
+        if (tell) {
+            const auto frame = abortFrame(ErrorCode::InvalidArgument, line);
+            sendAll(p.socket.fd(), frame.data(), frame.size(),
+                    Clock::now() + std::chrono::milliseconds(100));
+        }
+        p.socket.reset();
+        ++refused_;
+        lastRefusal_ = line;
+        log::write(log::Subsystem::Comm, log::Level::Warn,
+                   what() + ": refused " + line + "; still waiting for the job's processes");
+    }
+
+    /// Takes a peer that proved it knows the token: true when it is a new peer. One that does
+    /// not fit this communicator fails the rendezvous: it belongs to this job, so the job was
+    /// started inconsistently.
+    bool admit(Pending introduced, Clock::time_point deadline) {
+        const uint32_t peer = introduced.process;
+        const uint32_t count = introduced.count;
         std::string refusal;
-        if (version != wire::kVersion)
-            refusal = "the peer at " + introduced.from + " speaks rendezvous protocol version " +
-                      std::to_string(version) + ", process 0 version " +
-                      std::to_string(wire::kVersion) + " (different backplane versions)";
-        else if (count != processCount())
+        if (count != processCount())
             refusal = "the peer at " + introduced.from + " says it is process " +
                       std::to_string(peer) + " of " + std::to_string(count) +
                       ", process 0 was started for " + std::to_string(processCount()) +
@@ -390,7 +526,7 @@ private:
         wire::appendU32(welcome, wire::kWelcomeMagic);
         const Io io = sendAll(introduced.socket.fd(), welcome.data(), welcome.size(), deadline);
         if (io.kind != Io::Done) {
-            strangers.push_back(introduced.from);
+            refuse(introduced, "closed before process 0 could welcome it");
             return false;
         }
         peers_[peer] = std::move(introduced.socket);
@@ -590,24 +726,50 @@ private:
     }
 
     void introduce(Clock::time_point deadline, std::chrono::milliseconds connectTimeout) {
+        const wire::Nonce mine = wire::freshNonce();
         std::vector<std::byte> hello;
         wire::appendU32(hello, wire::kHelloMagic);
         wire::appendU32(hello, wire::kVersion);
         wire::appendU32(hello, process());
         wire::appendU32(hello, processCount());
+        hello.insert(hello.end(), mine.begin(), mine.end());
         const std::string during = "introducing itself";
         expect(sendAll(zero_.fd(), hello.data(), hello.size(), deadline), during, connectTimeout);
+        std::array<std::byte, wire::kChallengeBytes> challenge{};
+        expect(receiveAll(zero_.fd(), challenge.data(), 4, deadline), during, connectTimeout);
+        const uint32_t answer = wire::readU32(challenge.data());
+        if (answer == wire::kAbortMagic) throwAbort(deadline, during, connectTimeout);
+        if (answer != wire::kChallengeMagic)
+            throw Error(ErrorCode::InvalidArgument,
+                        peerPrefix(during) +
+                            "the server there is not a backplane rendezvous (it answered " +
+                            hex(answer) + ")");
+        expect(receiveAll(zero_.fd(), challenge.data() + 4, challenge.size() - 4, deadline), during,
+               connectTimeout);
+        wire::Nonce theirs{};
+        std::memcpy(theirs.data(), challenge.data() + 4, theirs.size());
+        if (!wire::sameMac(challenge.data() + 4 + wire::kNonceBytes,
+                           wire::handshakeMac(token_, wire::Side::Zero, mine, theirs, process(),
+                                              processCount())))
+            throw Error(ErrorCode::InvalidArgument,
+                        peerPrefix(during) +
+                            "the process listening there does not know this job's token (another "
+                            "job's rendezvous on the same port, or a different "
+                            "BACKPLANE_RENDEZVOUS_TOKEN): nothing was sent to it");
+        const wire::Mac proof =
+            wire::handshakeMac(token_, wire::Side::Peer, mine, theirs, process(), processCount());
+        std::vector<std::byte> frame;
+        wire::appendU32(frame, wire::kProofMagic);
+        frame.insert(frame.end(), proof.begin(), proof.end());
+        expect(sendAll(zero_.fd(), frame.data(), frame.size(), deadline), during, connectTimeout);
         std::array<std::byte, 4> magic{};
         expect(receiveAll(zero_.fd(), magic.data(), magic.size(), deadline), during,
                connectTimeout);
-        const uint32_t answer = wire::readU32(magic.data());
-        if (answer == wire::kWelcomeMagic) return;
-        if (answer == wire::kAbortMagic) throwAbort(deadline, during, connectTimeout);
-        throw Error(ErrorCode::InvalidArgument,
-                    peerPrefix(during) +
-                        "the server there is not a backplane rendezvous (it "
-                        "answered " +
-                        hex(answer) + ")");
+        const uint32_t verdict = wire::readU32(magic.data());
+        if (verdict == wire::kWelcomeMagic) return;
+        if (verdict == wire::kAbortMagic) throwAbort(deadline, during, connectTimeout);
+        throw Error(kPeerFailed, peerPrefix(during) + "process 0 sent a malformed answer (magic " +
+                                     hex(verdict) + ")");
     }
 
     std::vector<std::vector<std::byte>> gatherAtPeer(std::span<const std::byte> mine,
@@ -699,6 +861,11 @@ private:
     }
 
     TcpAddress address_;
+    std::string token_;
+    std::string bind_;
+    std::string listening_;              // process 0: "127.0.0.1:29500", for messages
+    size_t refused_ = 0;                 // process 0: connections refused while accepting
+    std::string lastRefusal_;            // process 0: the last one, and why
     std::vector<Socket> peers_;          // process 0: by process index; [0] unused
     std::vector<std::string> peerNames_; // process 0: each peer's address, for messages
     Socket zero_;                        // the others: the connection to process 0
@@ -707,12 +874,34 @@ private:
 } // namespace
 } // namespace backplane::detail
 
+namespace backplane::detail {
+
+std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
+                                          uint32_t processCount,
+                                          std::chrono::milliseconds connectTimeout,
+                                          const std::string &token, const std::string &bind) {
+    return std::make_unique<TcpRendezvous>(address, process, processCount, connectTimeout, token,
+                                           bind);
+}
+
+} // namespace backplane::detail
+
 namespace backplane {
 
 std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
                                           uint32_t processCount,
-                                          std::chrono::milliseconds connectTimeout) {
-    return std::make_unique<detail::TcpRendezvous>(address, process, processCount, connectTimeout);
+                                          std::chrono::milliseconds connectTimeout,
+                                          const TcpRendezvousOptions &options) {
+    const auto fromEnvironment = [](const std::string &given, const char *variable) {
+        if (!given.empty()) return given;
+        const char *value = ::getenv(variable);
+        return std::string(value != nullptr ? value : "");
+    };
+    return detail::tcpRendezvous(address, process, processCount, connectTimeout,
+                                 fromEnvironment(options.token, "BACKPLANE_RENDEZVOUS_TOKEN"),
+                                 fromEnvironment(options.bind, "BACKPLANE_RENDEZVOUS_BIND"));
 }
+
+std::string newRendezvousToken() { return detail::generateToken(); }
 
 } // namespace backplane

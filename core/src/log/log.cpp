@@ -13,7 +13,7 @@ namespace backplane::log {
 namespace {
 
 constexpr std::array<const char *, kSubsystemCount> kSubsystemNames = {
-    "loader", "config", "memory", "streams", "compile", "tune", "cache", "plugin", "tool"};
+    "loader", "config", "memory", "streams", "compile", "tune", "cache", "plugin", "tool", "comm"};
 constexpr std::array<const char *, 6> kLevelNames = {"trace", "debug", "info",
                                                      "warn",  "error", "off"};
 
