@@ -199,12 +199,36 @@ HostMemory::~HostMemory() {
 HostDevice::HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
                        std::shared_ptr<GlooLoader> gloo,
                        std::shared_ptr<std::atomic<uint64_t>> allocated,
-                       std::shared_ptr<const HostCompiler> compiler)
+                       std::shared_ptr<const HostCompiler> compiler,
+                       std::shared_ptr<FaultPlan> faults)
     : info_(info), plugin_(plugin), options_(options), gloo_(std::move(gloo)),
       compiler_(std::move(compiler)), async_(options.async),
-      allocated_(std::move(allocated)), allocatedBytes_(*allocated_), pool_(options.workers) {}
+      allocated_(std::move(allocated)), allocatedBytes_(*allocated_), pool_(options.workers),
+      faults_(std::move(faults)) {}
 
 HostDevice::~HostDevice() = default;
+
+void HostDevice::enter() const {
+    if (lost_->lost()) throw sdk::Error(BP_ERROR_DEVICE_LOST, lost_->reason());
+}
+
+HostDevice::Task HostDevice::injectedFault(FaultOperation operation,
+                                          const std::function<std::string()> &what) {
+    if (!faults_ || faults_->empty()) return {};
+    const std::optional<FaultClass> fault = faults_->next(operation);
+    if (!fault) return {};
+    const std::string device = "host device " + std::to_string(faults_->device());
+    if (*fault == FaultClass::Refused)
+        throw sdk::Error(operation == FaultOperation::Launch ? BP_ERROR_LAUNCH : BP_ERROR_INTERNAL,
+                         "injected refused fault (inject_faults): " + what() + " on " + device +
+                             " was refused");
+    // The work never happens; the device is lost from the moment it would have run.
+    return [lost = lost_, why = "injected sticky fault (inject_faults): " + what() + " on " +
+                                device + " failed when it ran"] {
+        lost->mark(why);
+        throw sdk::Error(BP_ERROR_DEVICE_LOST, why);
+    };
+}
 
 void HostDevice::releaseBytes(uint64_t bytes) noexcept {
     allocatedBytes_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -212,6 +236,7 @@ void HostDevice::releaseBytes(uint64_t bytes) noexcept {
 
 std::unique_ptr<sdk::Memory> HostDevice::allocate(const bp_memory_allocate_args &args,
                                                   void **mapped) {
+    enter();
     const auto kind = sdk::rawValue(args.kind);
     if (kind != BP_MEMORY_DEVICE && kind != BP_MEMORY_PINNED_HOST && kind != BP_MEMORY_HOST_VISIBLE)
         invalid("memory_allocate: unknown memory kind " + std::to_string(kind));
@@ -342,7 +367,8 @@ HostMemory &HostDevice::ownMemory(bp_memory *memory, const char *what) const {
 }
 
 std::unique_ptr<sdk::Stream> HostDevice::createStream(const bp_stream_create_args &) {
-    return std::make_unique<HostStream>(this, async_);
+    enter();
+    return std::make_unique<HostStream>(this, async_, lost_);
 }
 
 std::unique_ptr<sdk::Event> HostDevice::flush(sdk::Stream &stream, const bp_flush_args &args,
@@ -434,34 +460,52 @@ HostDevice::Task HostDevice::fillTask(const bp_fill_args &args) const {
 
 void HostDevice::copyHostToDevice(sdk::Stream &stream, const bp_copy_host_to_device_args &args) {
     HostStream &hostStream = ownStream(stream);
-    if (Task task = hostToDeviceTask(args)) hostStream.submit(std::move(task));
+    enter();
+    Task task = hostToDeviceTask(args);
+    if (Task fault = injectedFault(FaultOperation::Copy, [] { return std::string("copy_host_to_device"); }))
+        task = std::move(fault);
+    if (task) hostStream.submit(std::move(task));
 }
 
 void HostDevice::copyDeviceToHost(sdk::Stream &stream, const bp_copy_device_to_host_args &args) {
     HostStream &hostStream = ownStream(stream);
-    if (Task task = deviceToHostTask(args)) hostStream.submit(std::move(task));
+    enter();
+    Task task = deviceToHostTask(args);
+    if (Task fault = injectedFault(FaultOperation::Copy, [] { return std::string("copy_device_to_host"); }))
+        task = std::move(fault);
+    if (task) hostStream.submit(std::move(task));
 }
 
 void HostDevice::copyDeviceToDevice(sdk::Stream &stream,
                                     const bp_copy_device_to_device_args &args) {
     HostStream &hostStream = ownStream(stream);
-    if (Task task = copyTask(ownMemory(args.src, "copy_device_to_device: src"), args,
-                             "copy_device_to_device"))
-        hostStream.submit(std::move(task));
+    enter();
+    Task task = copyTask(ownMemory(args.src, "copy_device_to_device: src"), args,
+                         "copy_device_to_device");
+    if (Task fault = injectedFault(FaultOperation::Copy, [] { return std::string("copy_device_to_device"); }))
+        task = std::move(fault);
+    if (task) hostStream.submit(std::move(task));
 }
 
 void HostDevice::copyPeer(sdk::Stream &stream, sdk::Device &source,
                           const bp_copy_device_to_device_args &args) {
     HostStream &hostStream = ownStream(stream);
+    enter();
     auto *sourceDevice = dynamic_cast<HostDevice *>(&source);
     if (sourceDevice == nullptr) invalid("copy_peer: the source device is not a host device");
-    if (Task task = copyTask(sourceDevice->ownMemory(args.src, "copy_peer: src"), args, "copy_peer"))
-        hostStream.submit(std::move(task));
+    Task task = copyTask(sourceDevice->ownMemory(args.src, "copy_peer: src"), args, "copy_peer");
+    if (Task fault = injectedFault(FaultOperation::Copy, [] { return std::string("copy_peer"); }))
+        task = std::move(fault);
+    if (task) hostStream.submit(std::move(task));
 }
 
 void HostDevice::fill(sdk::Stream &stream, const bp_fill_args &args) {
     HostStream &hostStream = ownStream(stream);
-    if (Task task = fillTask(args)) hostStream.submit(std::move(task));
+    enter();
+    Task task = fillTask(args);
+    if (Task fault = injectedFault(FaultOperation::Fill, [] { return std::string("fill"); }))
+        task = std::move(fault);
+    if (task) hostStream.submit(std::move(task));
 }
 
 void HostDevice::compile(const bp_kernel_compile_args &args, sdk::CompileOutput &out) {
@@ -612,7 +656,14 @@ HostDevice::Task HostDevice::launchTask(const bp_launch_args &args) {
 
 void HostDevice::launch(sdk::Stream &stream, const bp_launch_args &args) {
     HostStream &hostStream = ownStream(stream);
-    hostStream.submit(launchTask(args));
+    enter();
+    Task task = launchTask(args);
+    if (Task fault = injectedFault(FaultOperation::Launch, [&args] {
+            const auto *kernel = exactly<HostKernel>(sdk::as<sdk::Kernel>(args.kernel));
+            return "the launch of '" + (kernel ? kernel->entryPoint() : std::string("?")) + "'";
+        }))
+        task = std::move(fault);
+    hostStream.submit(std::move(task));
 }
 
 // ----- graphs (ABI 1.3): replay lists -----------------------------------------------------------
@@ -655,11 +706,15 @@ void HostDevice::launchGraph(sdk::Stream &stream, sdk::Graph &graph) {
     HostStream &hostStream = ownStream(stream);
     auto *list = dynamic_cast<HostGraph *>(&graph);
     if (list == nullptr) invalid("graph_launch: the graph was not made by the host plugin");
+    enter();
     // One task for the whole list: the per-op cost is a call, not a queue hand-off.
-    hostStream.submit([steps = list->steps()] {
+    Task task = [steps = list->steps()] {
         for (const HostGraph::Step &step : *steps)
             if (step.run) step.run();
-    });
+    };
+    if (Task fault = injectedFault(FaultOperation::Replay, [] { return std::string("graph_launch (a replay)"); }))
+        task = std::move(fault);
+    hostStream.submit(std::move(task));
 }
 
 void HostDevice::updateGraph(sdk::Graph &graph, uint32_t index, sdk::GraphOp &op) {
@@ -698,6 +753,12 @@ void HostDevice::collective(sdk::Stream &stream, sdk::Comm &comm, const bp_colle
     auto *hostComm = dynamic_cast<HostComm *>(&comm);
     if (hostComm == nullptr || hostComm->owner() != this)
         invalid("collective: the communicator was not created on this host device");
+    enter();
+    if (Task fault = injectedFault(FaultOperation::Collective,
+                                   [] { return std::string("a collective"); })) {
+        hostStream.submit(std::move(fault)); // this rank fails here; its peers see it leave
+        return;
+    }
     // Only the handles the operation uses are looked at (RECV ignores send, for instance).
     hostComm->record(hostStream, args, [this](bp_memory *memory, const std::string &what) {
         return &ownMemory(memory, what.c_str());

@@ -101,9 +101,10 @@ public:
     /// shared by every open of it, so that each open is an independent client while the
     /// "memory_bytes" budget holds for the device as a whole.
     /// `compiler` compiles the C++ kernels (shared with the plugin).
+    /// `faults` are the injected faults of this device index (shared by its opens).
     HostDevice(const bp_device_info &info, const void *plugin, const HostOptions &options,
                std::shared_ptr<GlooLoader> gloo, std::shared_ptr<std::atomic<uint64_t>> allocated,
-               std::shared_ptr<const HostCompiler> compiler);
+               std::shared_ptr<const HostCompiler> compiler, std::shared_ptr<FaultPlan> faults);
     ~HostDevice() override;
     HostDevice(const HostDevice &) = delete;
     HostDevice &operator=(const HostDevice &) = delete;
@@ -156,6 +157,13 @@ public:
     void unregisterRange(const void *data) noexcept;
 
 private:
+    /// Throws BP_ERROR_DEVICE_LOST once a sticky fault hit this open of the device.
+    void enter() const;
+    /// Counts `operation` against the injected faults: a refused one throws here; for a sticky
+    /// one, returns the task to queue instead of the operation's (it loses the device when it
+    /// runs); else an empty task. `what` names the operation (called only for a fault).
+    std::function<void()> injectedFault(FaultOperation operation,
+                                        const std::function<std::string()> &what);
     HostStream &ownStream(sdk::Stream &stream) const;
     HostMemory &ownMemory(bp_memory *memory, const char *what) const;
     /// What a stream runs for each operation, checked like the call (empty for 0 bytes): the
@@ -178,6 +186,9 @@ private:
     std::shared_ptr<std::atomic<uint64_t>> allocated_;
     std::atomic<uint64_t> &allocatedBytes_; ///< *allocated_
     WorkgroupPool pool_;
+    std::shared_ptr<FaultPlan> faults_;
+    /// Set by a sticky fault; shared with this open's streams.
+    std::shared_ptr<LostState> lost_ = std::make_shared<LostState>();
     /// Registered application ranges (start -> size): a range may be registered once.
     std::mutex registeredMutex_;
     std::map<uintptr_t, uint64_t> registered_;

@@ -101,6 +101,58 @@ void readCollectives(const nlohmann::json &value, HostOptions &options) {
     }
 }
 
+std::vector<InjectedFault> readFaults(const nlohmann::json &value) {
+    constexpr const char *kForm =
+        "[{\"device\": 0, \"operation\": \"launch\", \"nth\": 3, \"class\": \"sticky\"}]";
+    if (!value.is_array() || value.size() > 64)
+        invalid(std::string("\"inject_faults\" must be an array of at most 64 faults like ") +
+                kForm + ", not " + value.dump());
+    std::vector<InjectedFault> faults;
+    for (size_t i = 0; i < value.size(); ++i) {
+        const nlohmann::json &item = value[i];
+        const std::string at = "inject_faults[" + std::to_string(i) + "]";
+        if (!item.is_object()) invalid("\"" + at + "\" must be an object like " + kForm);
+        InjectedFault fault;
+        bool haveOperation = false;
+        bool haveNth = false;
+        for (const auto &[key, field] : item.items()) {
+            if (key == "device") {
+                fault.device =
+                    static_cast<uint32_t>(readCount(field, (at + ".device").c_str(), 0, kMaxDevices - 1));
+            } else if (key == "operation") {
+                const std::string name = field.is_string() ? field.get<std::string>() : "";
+                bool known = false;
+                for (size_t op = 0; op < kFaultOperationCount; ++op)
+                    if (name == toString(static_cast<FaultOperation>(op))) {
+                        fault.operation = static_cast<FaultOperation>(op);
+                        known = true;
+                    }
+                if (!known)
+                    invalid("\"" + at + ".operation\" must be \"launch\", \"copy\", \"fill\", "
+                            "\"collective\" or \"replay\", not " + field.dump());
+                haveOperation = true;
+            } else if (key == "nth") {
+                fault.nth = readCount(field, (at + ".nth").c_str(), 1,
+                                      std::numeric_limits<int64_t>::max());
+                haveNth = true;
+            } else if (key == "class") {
+                const std::string name = field.is_string() ? field.get<std::string>() : "";
+                if (name != "sticky" && name != "refused")
+                    invalid("\"" + at + ".class\" must be \"sticky\" or \"refused\", not " +
+                            field.dump());
+                fault.faultClass = name == "sticky" ? FaultClass::Sticky : FaultClass::Refused;
+            } else {
+                invalid("unknown key \"" + at + "." + key +
+                        "\"; a fault knows \"device\", \"operation\", \"nth\" and \"class\"");
+            }
+        }
+        if (!haveOperation || !haveNth)
+            invalid("\"" + at + "\" needs \"operation\" and \"nth\", like " + kForm);
+        faults.push_back(fault);
+    }
+    return faults;
+}
+
 } // namespace
 
 HostOptions parseHostOptions(std::string_view json) {
@@ -144,11 +196,14 @@ HostOptions parseHostOptions(std::string_view json) {
                 invalid("\"compiler\" must be the C++ compiler's name or path, not " +
                         value.dump());
             options.compiler = value.get<std::string>();
+        } else if (key == "inject_faults") {
+            options.faults = readFaults(value);
         } else {
             invalid("unknown key \"" + key +
                     "\"; the host plugin knows \"collectives\", \"devices\", "
                     "\"disable_types\", \"matrix_units\", \"memory_bytes\", \"mode\" and "
-                    "\"workers\" (kernels: \"compile_kernels\", \"compiler\")");
+                    "\"workers\" (kernels: \"compile_kernels\", \"compiler\"; tests: "
+                    "\"inject_faults\")");
         }
     }
     return options;

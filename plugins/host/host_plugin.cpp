@@ -67,8 +67,15 @@ public:
         : Plugin(args), options_(parseHostOptions(optionsJson())),
           gloo_(std::make_shared<GlooLoader>(options_.collectivesModule)),
           compiler_(std::make_shared<HostCompiler>(options_)) {
-        for (uint32_t i = 0; i < options_.devices; ++i)
+        for (uint32_t i = 0; i < options_.devices; ++i) {
             allocated_.push_back(std::make_shared<std::atomic<uint64_t>>(0));
+            faults_.push_back(std::make_shared<FaultPlan>(i, options_.faults));
+        }
+        for (const InjectedFault &fault : options_.faults)
+            log(BP_LOG_WARN, std::string("injecting a ") + toString(fault.faultClass) +
+                                 " fault into " + toString(fault.operation) + " #" +
+                                 std::to_string(fault.nth) + " of host device " +
+                                 std::to_string(fault.device) + " (option inject_faults)");
         if (options_.workers == 0)
             options_.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
         info_ = describeDevice();
@@ -121,7 +128,7 @@ public:
         // Every open is an independent client of the device (as on Vulkan and CUDA); the
         // memory budget is the device's, shared by its opens.
         return std::make_unique<HostDevice>(deviceInfo(index), this, options_, gloo_,
-                                            allocated_[index], compiler_);
+                                            allocated_[index], compiler_, faults_[index]);
     }
 
     std::vector<unsigned char> createCommId() override { return commIds_.make(); }
@@ -220,6 +227,8 @@ private:
     bp_device_info info_{};
     /// Bytes allocated per device index, shared by every open of it (immutable list).
     std::vector<std::shared_ptr<std::atomic<uint64_t>>> allocated_;
+    /// Injected faults and their counters per device index, shared by every open of it.
+    std::vector<std::shared_ptr<FaultPlan>> faults_;
     CommIdMaker commIds_{options_, *gloo_, [this](bp_log_level level, const std::string &message) {
                              log(level, message);
                          }};

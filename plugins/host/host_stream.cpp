@@ -83,7 +83,8 @@ int64_t HostEvent::timestampNs() const noexcept {
     return timestampNs_ ? timestampNs_->load(std::memory_order_acquire) : -1;
 }
 
-HostStream::HostStream(const void *owner, bool async) : owner_(owner), async_(async) {
+HostStream::HostStream(const void *owner, bool async, std::shared_ptr<const LostState> lost)
+    : owner_(owner), async_(async), lost_(std::move(lost)) {
     if (async_) worker_ = std::thread([this] { runWorker(); });
 }
 
@@ -101,6 +102,7 @@ void HostStream::submit(std::function<void()> task) {
     ++submitted_;
     if (!async_) {
         try {
+            if (lost_ && lost_->lost()) throw sdk::Error(BP_ERROR_DEVICE_LOST, lost_->reason());
             task();
         } catch (...) {
             timeline_->advance(); // the caller gets the error; later events stay clean
@@ -147,6 +149,8 @@ void HostStream::runWorker() {
         }
         for (std::function<void()> &task : batch) {
             try {
+                // After a sticky fault nothing runs: later work fails, as on a GPU.
+                if (lost_ && lost_->lost()) throw sdk::Error(BP_ERROR_DEVICE_LOST, lost_->reason());
                 task();
                 timeline_->advance();
             } catch (const sdk::Error &e) {

@@ -1,6 +1,8 @@
 // Streams and events of the host plugin: a worker thread per stream, counters as events.
 #pragma once
 
+#include "fault_injection.hpp"
+
 #include <backplane/abi/plugin_sdk.hpp>
 
 #include <atomic>
@@ -72,8 +74,10 @@ private:
 /// per-stream rule); the worker and any event waiter run concurrently with them.
 class HostStream final : public sdk::Stream {
 public:
-    /// `owner` identifies the device the stream belongs to (compared, never dereferenced).
-    HostStream(const void *owner, bool async);
+    /// `owner` identifies the device the stream belongs to (compared, never dereferenced);
+    /// once `lost` (the device's, shared) is set, every task fails with BP_ERROR_DEVICE_LOST
+    /// instead of running.
+    HostStream(const void *owner, bool async, std::shared_ptr<const LostState> lost);
     /// Waits until every submitted task ran, then joins the worker.
     ~HostStream() override;
     HostStream(const HostStream &) = delete;
@@ -97,6 +101,7 @@ private:
 
     const void *owner_;
     const bool async_;
+    const std::shared_ptr<const LostState> lost_;
     std::shared_ptr<Timeline> timeline_ = std::make_shared<Timeline>();
     uint64_t submitted_ = 0; ///< touched by the recording thread only
 

@@ -155,7 +155,7 @@ void ComputeClient::replay(const Recording &recording) {
 
 void ComputeClient::flush() { server_->flush(currentStream()); }
 void ComputeClient::sync() { server_->sync(currentStream()); }
-void ComputeClient::syncAll() { server_->syncAll(); }
+void ComputeClient::syncAll() { server_->syncAllChecked(); }
 
 ProfileToken ComputeClient::profileStart() { return server_->profileStart(currentStream()); }
 ProfileDuration ComputeClient::profileEnd(ProfileToken token) { return server_->profileEnd(token); }

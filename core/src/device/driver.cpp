@@ -93,7 +93,19 @@ Driver::~Driver() {
 }
 
 void Driver::fail(bp_status status, const bp_error &error, const std::string &what) const {
+    if (status == BP_ERROR_DEVICE_LOST) {
+        std::lock_guard lock(lostMutex_);
+        if (!lost_.load(std::memory_order_relaxed)) {
+            lostReason_ = plugin_->name() + " " + what + ": " + error.message;
+            lost_.store(true, std::memory_order_release);
+        }
+    }
     throwStatus(status, error, plugin_->name(), plugin_->name() + " " + what);
+}
+
+std::string Driver::lostReason() const {
+    std::lock_guard lock(lostMutex_);
+    return lostReason_;
 }
 
 MemoryPage Driver::allocate(bp_memory_kind kind, uint64_t size) {

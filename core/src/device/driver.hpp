@@ -5,8 +5,10 @@
 
 #include <backplane/device.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -160,13 +162,22 @@ public:
     /// memory_register or cannot register; the plugin's other errors as usual.
     MemoryPage registerHost(void *host, uint64_t size);
 
+    /// Whether a call reported BP_ERROR_DEVICE_LOST (the plugin's sticky failure), and the
+    /// first such message. One load while nothing failed.
+    bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
+    std::string lostReason() const;
+
 private:
     Driver() = default;
+    /// Throws the status as Error; BP_ERROR_DEVICE_LOST also marks the driver lost.
     [[noreturn]] void fail(bp_status status, const bp_error &error, const std::string &what) const;
 
     std::shared_ptr<PluginLibrary> plugin_;
     DeviceInfo info_;
     bp_device *device_ = nullptr;
+    mutable std::atomic<bool> lost_{false};
+    mutable std::mutex lostMutex_;
+    mutable std::string lostReason_;
 };
 
 } // namespace backplane::detail

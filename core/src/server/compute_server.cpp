@@ -4,6 +4,9 @@
 #include <backplane/log.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <exception>
 #include <cstring>
 
 namespace backplane::detail {
@@ -137,15 +140,23 @@ std::shared_ptr<Slice> ComputeServer::zeroSlice(uint32_t slot) const {
 
 // ----- failures ---------------------------------------------------------------------------------
 
-void ComputeServer::markLost(const std::string &why) {
+void ComputeServer::markLost(const std::string &why, std::optional<uint32_t> slot) const {
     {
         std::lock_guard lock(lostMutex_);
         if (lost_.load()) return;
-        lostReason_ = why;
+        const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+        std::tm utc{};
+        ::gmtime_r(&now, &utc);
+        char when[32];
+        std::strftime(when, sizeof when, "%H:%M:%S UTC", &utc);
+        lostReason_ = why + " (since " + when +
+                      (slot ? ", seen on stream slot " + std::to_string(*slot) : std::string()) +
+                      ")";
         lost_.store(true);
     }
     log::write(log::Subsystem::Streams, log::Level::Error,
-               info().id() + " is lost: " + why +
+               info().id() + " (open #" + std::to_string(openNumber_) + ") is lost: " +
+                   lostReason_ +
                    "; memory used by pending work is kept until the client is closed");
 }
 
@@ -156,12 +167,17 @@ void ComputeServer::checkAlive() const {
                         std::to_string(openNumber_) +
                         ") was closed with ComputeClient::close(); open the device again "
                         "(Runtime::open) for a new client");
-    if (!lost_.load(std::memory_order_acquire)) return;
+    if (!lost_.load(std::memory_order_acquire)) {
+        // A call that returned BP_ERROR_DEVICE_LOST (the plugin's sticky failure) counts too.
+        if (!driver_->lost()) return;
+        markLost(driver_->lostReason());
+    }
     std::lock_guard lock(lostMutex_);
     throw Error(ErrorCode::DeviceLost,
-                info().id() + " is lost (" + lostReason_ +
-                    "); close every client of it, and let its ReadFutures and PinnedBuffers go "
-                    "(they keep the device open), then open it again",
+                info().id() + " is lost: " + lostReason_ +
+                    ". Close every client of it (ComputeClient::close()) and open it again: "
+                    "Buffers, ReadFutures, PinnedBuffers and recordings of this client fail from "
+                    "now on and never block the reopen",
                 info().backend);
 }
 
@@ -170,7 +186,7 @@ void ComputeServer::waitFence(const Fence &fence) {
     try {
         fence.event->wait();
     } catch (const std::exception &e) {
-        markLost(e.what());
+        markLost(e.what(), fence.slot);
         throw;
     }
     tracker_.complete(fence.slot, fence.cursor);
@@ -192,7 +208,7 @@ bool ComputeServer::fenceSettled(const Fence &fence, bool query) {
     try {
         if (!fence.event->query()) return false;
     } catch (const std::exception &e) {
-        markLost(e.what()); // failed work: its memory stays where it is
+        markLost(e.what(), fence.slot); // failed work: its memory stays where it is
         return false;
     }
     tracker_.complete(fence.slot, fence.cursor);
@@ -717,17 +733,30 @@ void ComputeServer::syncAll() {
             cursors = schedulerCursors_;
         }
     }
-    try {
-        for (const Fence &fence : fences) waitFence(fence);
-    } catch (...) {
+    // Every stream is waited for even after one failed: teardown relies on no work running
+    // once this returns (a failed stream must not leave another stream's kernel in flight).
+    std::exception_ptr failure;
+    for (const Fence &fence : fences) {
+        try {
+            waitFence(fence);
+        } catch (...) {
+            if (!failure) failure = std::current_exception();
+        }
+    }
+    if (failure) {
         std::lock_guard lock(lostMutex_);
         for (Hold &h : holds) lostHolds_.push_back(std::move(h));
-        throw;
+        std::rethrow_exception(failure);
     }
     for (uint32_t slot = 0; slot < cursors.size(); ++slot) tracker_.complete(slot, cursors[slot]);
     if (span)
         traceComplete(tracePid(), kTraceHostLane, "sync", "sync all streams", span.start,
                       {{"fences", fences.size()}});
+}
+
+void ComputeServer::syncAllChecked() {
+    checkAlive();
+    syncAll();
 }
 
 void ComputeServer::flush(StreamId stream) {

@@ -21,6 +21,7 @@
 #include <map>
 #include <thread>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -166,6 +167,9 @@ public:
     void flush(StreamId stream);
     void sync(StreamId stream);
     void syncAll();
+    /// ComputeClient::syncAll: refuses a closed or lost client first (syncAll itself also
+    /// serves teardown, which must wait on a lost device too).
+    void syncAllChecked();
     /// ComputeClient::close(): waits for the work issued so far, then refuses every later call
     /// (Error(InvalidArgument) naming close) and returns idle memory. Idempotent.
     void close();
@@ -206,7 +210,9 @@ private:
     std::shared_ptr<Slice> zeroSlice(uint32_t slot) const;
     /// Throws Error(DeviceLost) once a stream's work failed.
     void checkAlive() const;
-    void markLost(const std::string &why);
+    /// Records the first sticky failure: `why`, the time, and (when known) the stream slot whose
+    /// work showed it. Later calls fail with Error(DeviceLost) saying so.
+    void markLost(const std::string &why, std::optional<uint32_t> slot = std::nullopt) const;
     void waitFence(const Fence &fence);
     /// Whether `fence` completed, without blocking: the tracker, else (when `query`) the plugin.
     bool fenceSettled(const Fence &fence, bool query = true);
@@ -292,10 +298,10 @@ private:
     CompletionTracker tracker_;
     KernelRegistry kernels_;
 
-    std::atomic<bool> lost_{false};
+    mutable std::atomic<bool> lost_{false};
     std::atomic<bool> closed_{false}; ///< close() was called
     mutable std::mutex lostMutex_;
-    std::string lostReason_;
+    mutable std::string lostReason_; ///< "<why> (since 16:58:03 UTC, seen on stream slot 2)"
     std::vector<Hold> lostHolds_; ///< what failed work used: kept until teardown
 
     std::mutex mutex_; ///< the engine lock (see the class comment)
