@@ -72,7 +72,7 @@ TEST_CASE("reads every key of the config file") {
     TempDir dir;
     const fs::path file = dir.write("backplane.json", R"({
       "devices": {"prefer": ["fakegpu_a:0", "*:gpu", "host"], "required": true,
-                  "backend_priority": ["vulkan", "cuda"]},
+                  "backend_priority": ["vulkan", "cuda"], "reopen_after_fault": 3},
       "plugins": {"paths": ["plugins", "/opt/bp/plugins"], "enable": ["a", "b"], "disable": ["c"],
                   "options": {"vulkan": {"validation": true}}},
       "streams": {"max_streams": 16, "scheduler": "sequential", "max_tasks": 4},
@@ -89,6 +89,7 @@ TEST_CASE("reads every key of the config file") {
     CHECK(c.devicePreference == std::vector<std::string>{"fakegpu_a:0", "*:gpu", "host"});
     CHECK(c.deviceRequired);
     CHECK(c.backendPriority == std::vector<std::string>{"vulkan", "cuda"});
+    CHECK(c.reopenAfterFault == 3);
     REQUIRE(c.pluginPaths.size() == 2);
     CHECK(c.pluginPaths[0] == dir.path / "plugins");
     CHECK(c.pluginPaths[1] == "/opt/bp/plugins");
@@ -138,6 +139,8 @@ TEST_CASE("names the file and JSON pointer of every value of the wrong type") {
           "/devices/required: expected a boolean, got string");
     CHECK(configError(R"({"devices": {"backend_priority": [true]}})") ==
           "/devices/backend_priority/0: expected a string, got boolean");
+    CHECK(configError(R"({"devices": {"reopen_after_fault": 1001}})") ==
+          "/devices/reopen_after_fault: expected an integer in [0, 1000], got 1001");
     CHECK(configError(R"({"devices": []})") == "/devices: expected an object, got array");
     CHECK(configError(R"({"plugins": {"paths": [1]}})") ==
           "/plugins/paths/0: expected a string, got number");
@@ -191,7 +194,7 @@ TEST_CASE("rejects unknown keys and lists the known ones") {
           "cache, autotune, log)");
     CHECK(configError(R"({"devices": {"prefered": []}})") ==
           "/devices/prefered: unknown key 'prefered' (known keys here: prefer, required, "
-          "backend_priority)");
+          "backend_priority, reopen_after_fault)");
     CHECK(configError(R"({"plugins": {"path": []}})").find("/plugins/path: unknown key") == 0);
     CHECK(configError(R"({"streams": {"max": 1}})").find("/streams/max: unknown key") == 0);
     CHECK(configError(R"({"memory": {"x": 1}})").find("/memory/x: unknown key") == 0);

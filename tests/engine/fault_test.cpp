@@ -7,6 +7,7 @@
 #include <backplane/client.hpp>
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>
+#include <backplane/log.hpp>
 #include <backplane/runtime.hpp>
 
 #include <doctest/doctest.h>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -290,12 +292,15 @@ TEST_CASE("after a sticky fault the device reopens in the same process; the dead
             CHECK_MESSAGE(waited.code == "device_lost", waited.message);
         }
         const Outcome oldBuffer = outcomeOf([&] { (void)fresh.readAs<float>(program.y); });
-        CHECK(oldBuffer.code == "invalid_argument");
-        CHECK_MESSAGE(contains(oldBuffer.message, "comes from a ComputeClient of host:0 (open #"),
+        CHECK(oldBuffer.code == "device_lost");
+        CHECK_MESSAGE(contains(oldBuffer.message, "the Buffer was on host:0 (open #"),
                       oldBuffer.message);
-        CHECK_MESSAGE(contains(oldBuffer.message, ") that was closed"), oldBuffer.message);
+        CHECK_MESSAGE(contains(oldBuffer.message, ") when that open of the device was lost: "),
+                      oldBuffer.message);
+        CHECK_MESSAGE(contains(oldBuffer.message, "injected sticky fault"), oldBuffer.message);
         const Outcome oldRecording = outcomeOf([&] { fresh.replay(program.recording); });
-        CHECK(oldRecording.code == "invalid_argument");
+        CHECK(oldRecording.code == "device_lost");
+        CHECK_MESSAGE(contains(oldRecording.message, "which was lost: "), oldRecording.message);
         CHECK(pinned.size() == 4096);
         // Everything of the dead client goes in any order without touching the new one.
         program.recording = Recording();
@@ -333,4 +338,65 @@ TEST_CASE("close() of a lost device returns only when every stream's running wor
     CHECK(outcomeOf([&] { zero.close(); }).code == "");
     CHECK(gatePassed.load()); // the gated kernel finished before close() returned
     opener.join();
+}
+
+TEST_CASE("devices.reopen_after_fault: the client reopens its device by itself, a bounded number "
+          "of times, and logs each reopen") {
+    for (const std::string mode : {"async", "sync"}) {
+        CAPTURE(mode);
+        // Three sticky faults, one per round: a round launches four times (the program's, the
+        // faulting one, two checks), so launches #2, #6 and #10; two reopens allowed.
+        Config config;
+        config.pluginPathOverride = {HOST_MANIFEST};
+        config.probeMode = ProbeMode::InProcess;
+        config.cacheEnabled = false;
+        config.reopenAfterFault = 2;
+        config.pluginOptions["host"] =
+            R"({"devices": 2, "workers": 2, "mode": ")" + mode +
+            R"(", "inject_faults": [{"operation": "launch", "nth": 2}, {"operation": "launch", "nth": 6}, {"operation": "launch", "nth": 10}]})";
+        std::vector<std::string> logged;
+        std::mutex logMutex;
+        log::setLevel(log::Subsystem::Streams, log::Level::Warn);
+        log::setSink([&](log::Level level, log::Subsystem from, std::string_view message) {
+            if (from != log::Subsystem::Streams || level < log::Level::Warn) return;
+            std::lock_guard lock(logMutex);
+            logged.emplace_back(message);
+        });
+        Runtime runtime(config);
+        ComputeClient client = runtime.open(runtime.select("host:0"));
+        ComputeClient copy = client; // copies follow the reopen too
+        for (int round = 1; round <= 3; ++round) {
+            CAPTURE(round);
+            Program program(client);
+            program.setUp(); // launch #(2 * round - 1): fine
+            CHECK(client.readAs<float>(program.y) == std::vector<float>(256, 5.0f));
+            // The faulting launch: its call or the next wait fails with DeviceLost.
+            const Outcome faulted = outcomeOf([&] {
+                program.faultingStep("launch");
+                client.syncAll();
+            });
+            CHECK(faulted.code == "device_lost");
+            // The Buffers from before the fault are gone, whichever client copy asks.
+            const Outcome old = outcomeOf([&] { (void)copy.readAs<float>(program.y); });
+            CHECK(old.code == "device_lost");
+            if (round < 3) {
+                // Reopened: the next calls compute, through either copy.
+                CHECK(computes(client));
+                CHECK(computes(copy));
+            } else {
+                // Out of reopens: the device stays lost.
+                const Outcome after = outcomeOf([&] { (void)computes(client); });
+                CHECK(after.code == "device_lost");
+            }
+        }
+        log::setSink(nullptr);
+        size_t reopens = 0;
+        for (const std::string &line : logged)
+            if (contains(line, "was lost and is reopened as open #")) {
+                ++reopens;
+                CHECK_MESSAGE(contains(line, "(devices.reopen_after_fault); the fault: "), line);
+                CHECK_MESSAGE(contains(line, "injected sticky fault"), line);
+            }
+        CHECK(reopens == 2);
+    }
 }

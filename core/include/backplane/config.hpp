@@ -48,6 +48,12 @@ struct Config {
     /// devices.backend_priority: which plugin owns a physical GPU reached through several
     /// (same UUID). First listed wins.
     std::vector<std::string> backendPriority = {"cuda", "hip", "vulkan", "host"};
+    /// devices.reopen_after_fault: how many times a ComputeClient reopens its device by itself
+    /// after a sticky fault (Error(DeviceLost)), 0 = never (the application closes and reopens).
+    /// The call that meets the fault still fails with DeviceLost; the next call runs on a fresh
+    /// open of the device, and Buffers, futures and recordings from before fail with DeviceLost
+    /// naming the fault. Each reopen is logged (subsystem "streams", level warn).
+    uint32_t reopenAfterFault = 0;
 
     // "plugins": discovery --------------------------------------------------------------------
     /// plugins.paths: directories or manifest files searched after BACKPLANE_PLUGIN_PATH.

@@ -72,41 +72,41 @@ void ComputeClient::setStream(StreamId id) { threadStream = id; }
 ComputeClient::ComputeClient(std::shared_ptr<detail::ComputeServer> server)
     : server_(std::move(server)) {}
 
-const DeviceInfo &ComputeClient::device() const { return server_->info(); }
+const DeviceInfo &ComputeClient::device() const { return server_->current().info(); }
 
 Buffer ComputeClient::create(const void *data, uint64_t size) {
-    return server_->create(currentStream(), data, size);
+    return server_->current().create(currentStream(), data, size);
 }
-Buffer ComputeClient::empty(uint64_t size) { return server_->empty(currentStream(), size); }
-void ComputeClient::close() { server_->close(); }
+Buffer ComputeClient::empty(uint64_t size) { return server_->current().empty(currentStream(), size); }
+void ComputeClient::close() { detail::ComputeServer::newest(server_, false)->close(); }
 Tensor ComputeClient::emptyTensor(std::span<const uint64_t> shape, uint64_t elementSize,
                                   TensorLayout layout) {
-    return server_->emptyTensor(currentStream(), shape, elementSize, layout);
+    return server_->current().emptyTensor(currentStream(), shape, elementSize, layout);
 }
-void ComputeClient::setAllocationMode(AllocationMode mode) { server_->setAllocationMode(mode); }
-MemoryUsage ComputeClient::memoryUsage() const { return server_->memoryUsage(); }
-void ComputeClient::memoryCleanup() { server_->memoryCleanup(); }
-PinnedBuffer ComputeClient::allocatePinned(size_t size) { return server_->allocatePinned(size); }
+void ComputeClient::setAllocationMode(AllocationMode mode) { server_->current().setAllocationMode(mode); }
+MemoryUsage ComputeClient::memoryUsage() const { return server_->current().memoryUsage(); }
+void ComputeClient::memoryCleanup() { server_->current().memoryCleanup(); }
+PinnedBuffer ComputeClient::allocatePinned(size_t size) { return server_->current().allocatePinned(size); }
 PinnedBuffer ComputeClient::registerHost(void *data, size_t size) {
-    return server_->registerHost(data, size);
+    return server_->current().registerHost(data, size);
 }
 
 void ComputeClient::write(const Buffer &buffer, uint64_t offset, const void *data, uint64_t size) {
-    server_->write(currentStream(), buffer, offset, data, size);
+    server_->current().write(currentStream(), buffer, offset, data, size);
 }
 void ComputeClient::write(const Buffer &buffer, uint64_t offset, const PinnedBuffer &data,
                           uint64_t size) {
-    server_->write(currentStream(), buffer, offset, data, size);
+    server_->current().write(currentStream(), buffer, offset, data, size);
 }
 ReadFuture ComputeClient::read(const Buffer &buffer, uint64_t offset, uint64_t size) {
-    return server_->read(currentStream(), buffer, offset, size);
+    return server_->current().read(currentStream(), buffer, offset, size);
 }
 void ComputeClient::readInto(const Buffer &buffer, uint64_t offset, void *into, uint64_t size) {
-    server_->readInto(currentStream(), buffer, offset, into, size);
+    server_->current().readInto(currentStream(), buffer, offset, into, size);
 }
 void ComputeClient::readInto(const Buffer &buffer, uint64_t offset, const PinnedBuffer &into,
                              uint64_t size) {
-    server_->readInto(currentStream(), buffer, offset, into, size);
+    server_->current().readInto(currentStream(), buffer, offset, into, size);
 }
 void ComputeClient::checkWholeElements(uint64_t bytes, size_t elementSize) {
     if (elementSize != 0 && bytes % elementSize == 0) return;
@@ -117,56 +117,56 @@ void ComputeClient::checkWholeElements(uint64_t bytes, size_t elementSize) {
 }
 void ComputeClient::copy(const Buffer &src, uint64_t srcOffset, const Buffer &dst,
                          uint64_t dstOffset, uint64_t size) {
-    server_->copy(currentStream(), src, srcOffset, dst, dstOffset, size);
+    server_->current().copy(currentStream(), src, srcOffset, dst, dstOffset, size);
 }
 void ComputeClient::copy(const Buffer &src, uint64_t srcOffset, ComputeClient &dstClient,
                          const Buffer &dst, uint64_t dstOffset, uint64_t size) {
     const StreamId stream = currentStream();
-    server_->copyToDevice(stream, src, srcOffset, *dstClient.server_, stream, dst, dstOffset, size);
+    server_->current().copyToDevice(stream, src, srcOffset, dstClient.server_->current(), stream, dst, dstOffset, size);
 }
 
 std::shared_ptr<detail::ComputeServer> detail::serverOf(const ComputeClient &client) {
-    return client.server_;
+    return detail::ComputeServer::newest(client.server_);
 }
 
 ReadFuture ComputeClient::readTensor(const Tensor &tensor) {
-    return server_->readTensor(currentStream(), tensor);
+    return server_->current().readTensor(currentStream(), tensor);
 }
 
 void ComputeClient::writeTensor(const Tensor &tensor, const void *data, uint64_t size) {
-    server_->writeTensor(currentStream(), tensor, data, size);
+    server_->current().writeTensor(currentStream(), tensor, data, size);
 }
 
 void ComputeClient::fill(const Buffer &buffer, uint32_t pattern, uint64_t offset, uint64_t size) {
-    server_->fill(currentStream(), buffer, pattern, offset, size);
+    server_->current().fill(currentStream(), buffer, pattern, offset, size);
 }
 
 void ComputeClient::execute(const KernelSource &kernel, const Dispatch &dispatch) {
-    server_->execute(currentStream(), kernel, dispatch);
+    server_->current().execute(currentStream(), kernel, dispatch);
 }
-void ComputeClient::prepare(const KernelSource &kernel) { server_->prepare(kernel); }
+void ComputeClient::prepare(const KernelSource &kernel) { server_->current().prepare(kernel); }
 
-void ComputeClient::beginRecording() { server_->beginRecording(currentStream()); }
-Recording ComputeClient::endRecording() { return server_->endRecording(currentStream()); }
-bool ComputeClient::recording() const { return server_->recording(currentStream()); }
+void ComputeClient::beginRecording() { server_->current().beginRecording(currentStream()); }
+Recording ComputeClient::endRecording() { return server_->current().endRecording(currentStream()); }
+bool ComputeClient::recording() const { return server_->current().recording(currentStream()); }
 void ComputeClient::replay(const Recording &recording) {
-    server_->replay(currentStream(), recording);
+    server_->current().replay(currentStream(), recording);
 }
 
-void ComputeClient::flush() { server_->flush(currentStream()); }
-void ComputeClient::sync() { server_->sync(currentStream()); }
-void ComputeClient::syncAll() { server_->syncAllChecked(); }
+void ComputeClient::flush() { server_->current().flush(currentStream()); }
+void ComputeClient::sync() { server_->current().sync(currentStream()); }
+void ComputeClient::syncAll() { server_->current().syncAllChecked(); }
 
-ProfileToken ComputeClient::profileStart() { return server_->profileStart(currentStream()); }
-ProfileDuration ComputeClient::profileEnd(ProfileToken token) { return server_->profileEnd(token); }
+ProfileToken ComputeClient::profileStart() { return server_->current().profileStart(currentStream()); }
+ProfileDuration ComputeClient::profileEnd(ProfileToken token) { return server_->current().profileEnd(token); }
 
-EngineStats ComputeClient::stats() const { return server_->stats(); }
+EngineStats ComputeClient::stats() const { return server_->current().stats(); }
 uint64_t ComputeClient::nativeHandle(NativeKind kind, const Buffer *buffer) const {
-    return server_->nativeHandle(currentStream(), kind, buffer);
+    return server_->current().nativeHandle(currentStream(), kind, buffer);
 }
 
 NativeBuffer ComputeClient::nativeBuffer(const Buffer &buffer) const {
-    return server_->nativeBuffer(buffer);
+    return server_->current().nativeBuffer(buffer);
 }
 
 namespace detail {

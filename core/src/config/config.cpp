@@ -249,7 +249,7 @@ private:
     }
 
     void readDevices(const Json &d, Config &c) const {
-        checkKeys(d, "/devices", {"prefer", "required", "backend_priority"});
+        checkKeys(d, "/devices", {"prefer", "required", "backend_priority", "reopen_after_fault"});
         if (d.contains("prefer")) {
             attempt([&] {
                 const std::vector<std::string> prefer = strings(d["prefer"], "/devices/prefer");
@@ -271,6 +271,11 @@ private:
         if (d.contains("backend_priority"))
             attempt([&] {
                 c.backendPriority = strings(d["backend_priority"], "/devices/backend_priority");
+            });
+        if (d.contains("reopen_after_fault"))
+            attempt([&] {
+                c.reopenAfterFault = static_cast<uint32_t>(
+                    unsignedInt(d["reopen_after_fault"], "/devices/reopen_after_fault", 0, 1000));
             });
     }
 
@@ -516,7 +521,8 @@ std::string toJson(const Config &config, int indent) {
                                 ? Json(nullptr)
                                 : Json(config.devicePreferenceSource)},
           {"required", config.deviceRequired},
-          {"backend_priority", config.backendPriority}}},
+          {"backend_priority", config.backendPriority},
+          {"reopen_after_fault", config.reopenAfterFault}}},
         {"plugins",
          {{"paths", paths(config.pluginPaths)},
           {"path_override", paths(config.pluginPathOverride)},

@@ -99,6 +99,7 @@ public:
 
     const DeviceInfo &info() const noexcept { return info_; }
     const PluginLibrary &plugin() const noexcept { return *plugin_; }
+    const std::shared_ptr<PluginLibrary> &pluginShared() const noexcept { return plugin_; }
     const bp_plugin_api &api() const noexcept { return plugin_->api(); }
     bp_device *device() const noexcept { return device_; }
     bool hasCapability(uint32_t bit) const noexcept { return (info_.capabilities & bit) != 0; }

@@ -57,6 +57,17 @@ public:
         cache_.close();
     }
     SliceCache &cache() noexcept { return cache_; }
+    /// The server's device was lost (a sticky fault): `reason` names the failure, for the
+    /// messages about its Buffers. The first call wins.
+    void markLost(const std::string &reason) {
+        std::lock_guard lock(mutex_);
+        if (lostReason_.empty()) lostReason_ = reason;
+    }
+    /// Why the server's device was lost; "" while it was not.
+    std::string lostReason() const {
+        std::lock_guard lock(mutex_);
+        return lostReason_;
+    }
 
     void push(FreeRecord record) {
         std::lock_guard lock(mutex_);
@@ -74,8 +85,9 @@ public:
     }
 
 private:
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     std::vector<FreeRecord> records_;
+    std::string lostReason_;
     std::string deviceId_;
     uint64_t openNumber_ = 0;
     std::atomic<bool> closed_{false};

@@ -111,6 +111,13 @@ const std::shared_ptr<Slice> &ComputeServer::sliceOf(const Buffer &buffer, const
     if (owner == nullptr) // not made by any server: a broken invariant, said plainly
         throw Error(ErrorCode::InvalidArgument,
                     std::string(what) + ": the Buffer was not allocated by a ComputeClient");
+    if (const std::string lost = owner->lostReason(); !lost.empty())
+        throw Error(ErrorCode::DeviceLost,
+                    std::string(what) + ": the Buffer was on " + owner->deviceId() + " (open #" +
+                        std::to_string(owner->openNumber()) +
+                        ") when that open of the device was lost: " + lost +
+                        ". Its contents are gone" + self + ": create the buffer again",
+                    info().backend);
     if (owner->closed())
         throw Error(
             ErrorCode::InvalidArgument,
@@ -152,12 +159,61 @@ void ComputeServer::markLost(const std::string &why, std::optional<uint32_t> slo
         lostReason_ = why + " (since " + when +
                       (slot ? ", seen on stream slot " + std::to_string(*slot) : std::string()) +
                       ")";
+        freeQueue_->markLost(lostReason_);
         lost_.store(true);
     }
     log::write(log::Subsystem::Streams, log::Level::Error,
                info().id() + " (open #" + std::to_string(openNumber_) + ") is lost: " +
                    lostReason_ +
                    "; memory used by pending work is kept until the client is closed");
+}
+
+ComputeServer &ComputeServer::reopened() {
+    std::shared_ptr<ComputeServer> next;
+    {
+        std::lock_guard lock(successorMutex_);
+        if (successor_) return successor_->current();
+        if (closed_.load(std::memory_order_acquire) || reopens_ >= config_.reopenAfterFault)
+            return *this; // its calls fail with DeviceLost (checkAlive)
+        std::string reason;
+        {
+            std::lock_guard lostLock(lostMutex_);
+            reason = lostReason_;
+        }
+        const std::string attempt = "attempt " + std::to_string(reopens_ + 1) + " of " +
+                                    std::to_string(config_.reopenAfterFault) +
+                                    " (devices.reopen_after_fault)";
+        try {
+            next = std::make_shared<ComputeServer>(
+                Driver::open(driver_->pluginShared(), driver_->info()), config_);
+        } catch (const std::exception &e) {
+            ++reopens_; // a failed reopen counts: the bound holds for a device that stays down
+            log::write(log::Subsystem::Streams, log::Level::Error,
+                       info().id() + " could not be reopened after its fault, " + attempt + ": " +
+                           e.what());
+            return *this;
+        }
+        next->reopens_ = reopens_ + 1;
+        successor_ = next;
+        log::write(log::Subsystem::Streams, log::Level::Warn,
+                   info().id() + " (open #" + std::to_string(openNumber_) +
+                       ") was lost and is reopened as open #" +
+                       std::to_string(next->openNumber_) + ", " + attempt + "; the fault: " +
+                       reason);
+    }
+    close(); // this open's idle memory goes back; what its failed work held stays until it dies
+    return next->current();
+}
+
+std::shared_ptr<ComputeServer> ComputeServer::newest(std::shared_ptr<ComputeServer> server,
+                                                     bool reopen) {
+    while (server->lost_.load(std::memory_order_acquire)) {
+        if (reopen) server->current(); // reopens when it may
+        std::lock_guard lock(server->successorMutex_);
+        if (!server->successor_) break;
+        server = server->successor_;
+    }
+    return server;
 }
 
 void ComputeServer::checkAlive() const {

@@ -166,6 +166,17 @@ public:
 
     void flush(StreamId stream);
     void sync(StreamId stream);
+    /// The server that calls should go to: this one, or after an automatic reopen
+    /// (devices.reopen_after_fault) the newest open of the device. One load while not lost.
+    ComputeServer &current() {
+        if (!lost_.load(std::memory_order_acquire)) return *this;
+        return reopened();
+    }
+    /// current() of `server`, as the shared pointer (the communicator keeps its servers);
+    /// `reopen` false: only follows reopens already made (close() must not reopen).
+    static std::shared_ptr<ComputeServer> newest(std::shared_ptr<ComputeServer> server,
+                                                 bool reopen = true);
+
     void syncAll();
     /// ComputeClient::syncAll: refuses a closed or lost client first (syncAll itself also
     /// serves teardown, which must wait on a lost device too).
@@ -210,6 +221,9 @@ private:
     std::shared_ptr<Slice> zeroSlice(uint32_t slot) const;
     /// Throws Error(DeviceLost) once a stream's work failed.
     void checkAlive() const;
+    /// current() once lost: the successor, made now when devices.reopen_after_fault allows
+    /// another reopen (this server is closed then), else this server.
+    ComputeServer &reopened();
     /// Records the first sticky failure: `why`, the time, and (when known) the stream slot whose
     /// work showed it. Later calls fail with Error(DeviceLost) saying so.
     void markLost(const std::string &why, std::optional<uint32_t> slot = std::nullopt) const;
@@ -302,6 +316,10 @@ private:
     std::atomic<bool> closed_{false}; ///< close() was called
     mutable std::mutex lostMutex_;
     mutable std::string lostReason_; ///< "<why> (since 16:58:03 UTC, seen on stream slot 2)"
+    std::mutex successorMutex_;
+    /// The open that replaced this one after its fault (devices.reopen_after_fault).
+    std::shared_ptr<ComputeServer> successor_;
+    uint32_t reopens_ = 0; ///< reopens before this open (its predecessors' count)
     std::vector<Hold> lostHolds_; ///< what failed work used: kept until teardown
 
     std::mutex mutex_; ///< the engine lock (see the class comment)

@@ -282,6 +282,16 @@ void ComputeServer::replay(StreamId stream, const Recording &recording) {
                     "replay: the Recording is empty (default-constructed); use the one "
                     "endRecording() returned");
     RecordingState &state = *recording.state_;
+    if (state.server.get() != this && state.server->lost_.load(std::memory_order_acquire)) {
+        std::lock_guard lock(state.server->lostMutex_);
+        throw Error(ErrorCode::DeviceLost,
+                    "replay: the Recording was made on " + state.server->info().id() +
+                        " open #" + std::to_string(state.server->openNumber_) +
+                        ", which was lost: " + state.server->lostReason_ +
+                        ". Record it again on this client (" + info().id() + " open #" +
+                        std::to_string(openNumber_) + ")",
+                    info().backend);
+    }
     if (state.server.get() != this)
         throw Error(ErrorCode::InvalidArgument,
                     "replay: the Recording was made by another client (" +
