@@ -109,8 +109,35 @@ void GpuDevice::recycleEvent(bpv::Event event, bool timing) noexcept {
 
 // --- device ---------------------------------------------------------------------------------------
 
+namespace {
+
+/// The first sticky fault of each device in this process. The driver keeps a device unusable for
+/// the rest of the process after one (measured on CUDA 13 / driver 580: neither
+/// cuDevicePrimaryCtxReset nor a new context recovers it, docs/measurements/
+/// h200-2026-11-28-s4-cuda-sticky-fault.txt), so a later open fails at once, saying why.
+struct ProcessFaults {
+    std::mutex mutex;
+    std::map<uint32_t, std::string> first; ///< by device ordinal
+};
+
+ProcessFaults &processFaults() {
+    static ProcessFaults faults;
+    return faults;
+}
+
+} // namespace
+
 GpuDevice::GpuDevice(GpuDeviceDescription description, std::shared_ptr<NcclLoader> nccl)
     : driver_(gpu::driver()), description_(std::move(description)), nccl_(std::move(nccl)) {
+    {
+        ProcessFaults &faults = processFaults();
+        std::lock_guard lock(faults.mutex);
+        if (const auto found = faults.first.find(description_.ordinal);
+            found != faults.first.end())
+            throw sdk::Error(BP_ERROR_DEVICE_LOST,
+                             name() + " cannot be opened again in this process: " +
+                                 found->second);
+    }
     check(bpv::contextRetain(driver_, &context_, description_.id));
 }
 
@@ -127,9 +154,14 @@ std::string GpuDevice::name() const {
 }
 
 void GpuDevice::markLost(const std::string &why) const {
-    std::lock_guard lock(lostMutex_);
-    if (!lost_.load()) lostReason_ = why;
-    lost_.store(true);
+    {
+        std::lock_guard lock(lostMutex_);
+        if (!lost_.load()) lostReason_ = why;
+        lost_.store(true);
+    }
+    ProcessFaults &faults = processFaults();
+    std::lock_guard lock(faults.mutex);
+    faults.first.emplace(description_.ordinal, why); // the first one stays
 }
 
 void GpuDevice::enter() const {

@@ -116,8 +116,10 @@ sdk::Error toError(const bpv::Driver &d, const bpv::Call &call, bp_status fallba
         message += "; free device memory or allocate less";
     } else if (bpv::isSticky(r)) {
         code = BP_ERROR_DEVICE_LOST;
-        message += "; the device context is unusable (a kernel faulted or trapped); close and "
-                   "reopen the device in a new process, or find the fault with compute-sanitizer";
+        message += "; a kernel faulted or trapped, and the driver keeps this device unusable "
+                   "for the rest of this process (no reset or new context recovers it): restart "
+                   "the process (other devices keep working), and find the fault with "
+                   "compute-sanitizer";
     } else if (bpv::isNoDevice(r)) {
         code = BP_ERROR_NO_DEVICE;
     } else if (r == bpv::kNotFound) {

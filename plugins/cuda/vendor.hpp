@@ -205,6 +205,7 @@ inline bool isSticky(Result r) {
     case CUDA_ERROR_INVALID_ADDRESS_SPACE:
     case CUDA_ERROR_INVALID_PC:
     case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
     case CUDA_ERROR_CONTEXT_IS_DESTROYED:
     case CUDA_ERROR_DEVICE_UNAVAILABLE:
         return true;

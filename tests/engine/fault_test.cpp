@@ -400,3 +400,60 @@ TEST_CASE("devices.reopen_after_fault: the client reopens its device by itself, 
         CHECK(reopens == 2);
     }
 }
+
+TEST_CASE("devices.reopen_after_fault: only the call that meets the fault fails, also when a "
+          "plugin call (not a wait) reports it (review finding)") {
+    Config config;
+    config.pluginPathOverride = {HOST_MANIFEST};
+    config.probeMode = ProbeMode::InProcess;
+    config.cacheEnabled = false;
+    config.reopenAfterFault = 1;
+    config.pluginOptions["host"] =
+        R"({"workers": 2, "mode": "async", "inject_faults": [{"operation": "launch", "nth": 2}]})";
+    Runtime runtime(config);
+    ComputeClient client = runtime.open(runtime.select("host:0"));
+    Program program(client);
+    program.setUp();
+    ProfileToken token = client.profileStart();
+    program.faultingStep("launch");
+    // Plugin calls (a fill is one) fail once the worker ran the fault; no wait marks the
+    // device lost first.
+    Buffer small = client.empty(64);
+    int calls = 0;
+    Outcome first;
+    while (first.code.empty() && calls++ < 100000)
+        first = outcomeOf([&] { client.fill(small, 0u); });
+    CHECK(first.code == "device_lost");
+    CHECK(computes(client)); // the very next call runs on the reopened device
+    // A profile started before the fault ends with DeviceLost, not "another client".
+    const Outcome ended = outcomeOf([&] { (void)client.profileEnd(token); });
+    CHECK(ended.code == "device_lost");
+    CHECK_MESSAGE(contains(ended.message, "which was lost and replaced by this open"),
+                  ended.message);
+}
+
+TEST_CASE("close() racing another thread's reopening call leaves the client closed (review "
+          "finding)") {
+    for (int round = 0; round < 20; ++round) {
+        CAPTURE(round);
+        Config config;
+        config.pluginPathOverride = {HOST_MANIFEST};
+        config.probeMode = ProbeMode::InProcess;
+        config.cacheEnabled = false;
+        config.reopenAfterFault = 5;
+        config.pluginOptions["host"] =
+            R"({"workers": 1, "mode": "async", "inject_faults": [{"operation": "launch", "nth": 2}]})";
+        Runtime runtime(config);
+        ComputeClient client = runtime.open(runtime.select("host:0"));
+        ComputeClient copy = client;
+        Program program(client);
+        program.setUp();
+        program.faultingStep("launch");
+        (void)outcomeOf([&] { client.syncAll(); }); // lost now
+        std::thread other([&] { (void)outcomeOf([&] { (void)copy.empty(64); }); });
+        client.close();
+        other.join();
+        const Outcome after = outcomeOf([&] { (void)client.empty(64); });
+        CHECK_MESSAGE(after.code != "", "a call after close() succeeded");
+    }
+}

@@ -78,7 +78,17 @@ Buffer ComputeClient::create(const void *data, uint64_t size) {
     return server_->current().create(currentStream(), data, size);
 }
 Buffer ComputeClient::empty(uint64_t size) { return server_->current().empty(currentStream(), size); }
-void ComputeClient::close() { detail::ComputeServer::newest(server_, false)->close(); }
+void ComputeClient::close() {
+    // Another thread's call may be reopening the device meanwhile: close until no newer open
+    // appears (each closed open refuses to reopen).
+    std::shared_ptr<detail::ComputeServer> server = server_;
+    while (true) {
+        server = detail::ComputeServer::newest(server, false);
+        server->beginClose();
+        server->close();
+        if (detail::ComputeServer::newest(server, false) == server) return;
+    }
+}
 Tensor ComputeClient::emptyTensor(std::span<const uint64_t> shape, uint64_t elementSize,
                                   TensorLayout layout) {
     return server_->current().emptyTensor(currentStream(), shape, elementSize, layout);

@@ -169,40 +169,63 @@ void ComputeServer::markLost(const std::string &why, std::optional<uint32_t> slo
 }
 
 ComputeServer &ComputeServer::reopened() {
+    if (!lost_.load(std::memory_order_acquire) && driver_->lost())
+        markLost(driver_->lostReason()); // a plugin call said so before any wait did
     std::shared_ptr<ComputeServer> next;
     {
         std::lock_guard lock(successorMutex_);
-        if (successor_) return successor_->current();
-        if (closed_.load(std::memory_order_acquire) || reopens_ >= config_.reopenAfterFault)
-            return *this; // its calls fail with DeviceLost (checkAlive)
-        std::string reason;
-        {
-            std::lock_guard lostLock(lostMutex_);
-            reason = lostReason_;
+        next = successor_;
+        if (!next) {
+            if (closing_ || closed_.load(std::memory_order_acquire) ||
+                reopens_ >= config_.reopenAfterFault)
+                return *this; // its calls fail with DeviceLost (checkAlive)
+            std::string reason;
+            {
+                std::lock_guard lostLock(lostMutex_);
+                reason = lostReason_;
+            }
+            const std::string attempt = "attempt " + std::to_string(reopens_ + 1) + " of " +
+                                        std::to_string(config_.reopenAfterFault) +
+                                        " (devices.reopen_after_fault)";
+            try {
+                next = std::make_shared<ComputeServer>(
+                    Driver::open(driver_->pluginShared(), driver_->info()), config_);
+            } catch (const std::exception &e) {
+                ++reopens_; // a failed reopen counts: the bound holds for a device that stays down
+                log::write(log::Subsystem::Streams, log::Level::Error,
+                           info().id() + " could not be reopened after its fault, " + attempt +
+                               ": " + e.what());
+                return *this;
+            }
+            next->reopens_ = reopens_ + 1;
+            next->predecessors_ = predecessors_;
+            next->predecessors_.push_back(openNumber_);
+            successor_ = next;
+            log::write(log::Subsystem::Streams, log::Level::Warn,
+                       info().id() + " (open #" + std::to_string(openNumber_) +
+                           ") was lost and is reopened as open #" +
+                           std::to_string(next->openNumber_) + ", " + attempt +
+                           "; the fault: " + reason);
+            closing_ = true; // this open is done: close it below, outside the lock
+        } else {
+            next.reset(); // followed below, outside this lock
         }
-        const std::string attempt = "attempt " + std::to_string(reopens_ + 1) + " of " +
-                                    std::to_string(config_.reopenAfterFault) +
-                                    " (devices.reopen_after_fault)";
-        try {
-            next = std::make_shared<ComputeServer>(
-                Driver::open(driver_->pluginShared(), driver_->info()), config_);
-        } catch (const std::exception &e) {
-            ++reopens_; // a failed reopen counts: the bound holds for a device that stays down
-            log::write(log::Subsystem::Streams, log::Level::Error,
-                       info().id() + " could not be reopened after its fault, " + attempt + ": " +
-                           e.what());
-            return *this;
-        }
-        next->reopens_ = reopens_ + 1;
-        successor_ = next;
-        log::write(log::Subsystem::Streams, log::Level::Warn,
-                   info().id() + " (open #" + std::to_string(openNumber_) +
-                       ") was lost and is reopened as open #" +
-                       std::to_string(next->openNumber_) + ", " + attempt + "; the fault: " +
-                       reason);
     }
-    close(); // this open's idle memory goes back; what its failed work held stays until it dies
-    return next->current();
+    if (next) {
+        close(); // idle memory goes back; what the failed work held stays until this open dies
+        return next->current();
+    }
+    std::shared_ptr<ComputeServer> successor;
+    {
+        std::lock_guard lock(successorMutex_);
+        successor = successor_;
+    }
+    return successor->current();
+}
+
+void ComputeServer::beginClose() {
+    std::lock_guard lock(successorMutex_);
+    closing_ = true;
 }
 
 std::shared_ptr<ComputeServer> ComputeServer::newest(std::shared_ptr<ComputeServer> server,
@@ -217,24 +240,26 @@ std::shared_ptr<ComputeServer> ComputeServer::newest(std::shared_ptr<ComputeServ
 }
 
 void ComputeServer::checkAlive() const {
+    // Lost first: an open closed by an automatic reopen (or by the application after its
+    // fault) is still explained by its fault.
+    if (!lost_.load(std::memory_order_acquire) && driver_->lost())
+        markLost(driver_->lostReason()); // a plugin call returned BP_ERROR_DEVICE_LOST
+    if (lost_.load(std::memory_order_acquire)) {
+        std::lock_guard lock(lostMutex_);
+        throw Error(ErrorCode::DeviceLost,
+                    info().id() + " is lost: " + lostReason_ +
+                        ". Close every client of it (ComputeClient::close()) and open it again (a "
+                        "plugin that cannot recover the device in this process says so then): "
+                        "Buffers, ReadFutures, PinnedBuffers and recordings of this client fail "
+                        "from now on and never block the reopen",
+                    info().backend);
+    }
     if (closed_.load(std::memory_order_acquire))
         throw Error(ErrorCode::InvalidArgument,
                     "this ComputeClient of " + info().id() + " (open #" +
                         std::to_string(openNumber_) +
                         ") was closed with ComputeClient::close(); open the device again "
                         "(Runtime::open) for a new client");
-    if (!lost_.load(std::memory_order_acquire)) {
-        // A call that returned BP_ERROR_DEVICE_LOST (the plugin's sticky failure) counts too.
-        if (!driver_->lost()) return;
-        markLost(driver_->lostReason());
-    }
-    std::lock_guard lock(lostMutex_);
-    throw Error(ErrorCode::DeviceLost,
-                info().id() + " is lost: " + lostReason_ +
-                    ". Close every client of it (ComputeClient::close()) and open it again: "
-                    "Buffers, ReadFutures, PinnedBuffers and recordings of this client fail from "
-                    "now on and never block the reopen",
-                info().backend);
 }
 
 void ComputeServer::waitFence(const Fence &fence) {
@@ -869,6 +894,15 @@ ProfileDuration ComputeServer::profileEnd(ProfileToken token) {
             throw Error(ErrorCode::InvalidArgument,
                         "profileEnd: the token was not returned by profileStart (a "
                         "default-constructed ProfileToken)");
+        if (std::find(predecessors_.begin(), predecessors_.end(), token.client) !=
+            predecessors_.end())
+            throw Error(ErrorCode::DeviceLost,
+                        "profileEnd: " + name + " was started on open #" +
+                            std::to_string(token.client) + " of " + info().id() +
+                            ", which was lost and replaced by this open (#" +
+                            std::to_string(openNumber_) +
+                            ", devices.reopen_after_fault): its work is gone",
+                        info().backend);
         if (token.client != openNumber_)
             throw Error(ErrorCode::InvalidArgument,
                         "profileEnd: " + name + " was started by another ComputeClient (open #" +

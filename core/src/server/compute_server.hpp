@@ -169,7 +169,7 @@ public:
     /// The server that calls should go to: this one, or after an automatic reopen
     /// (devices.reopen_after_fault) the newest open of the device. One load while not lost.
     ComputeServer &current() {
-        if (!lost_.load(std::memory_order_acquire)) return *this;
+        if (!lost_.load(std::memory_order_acquire) && !driver_->lost()) return *this;
         return reopened();
     }
     /// current() of `server`, as the shared pointer (the communicator keeps its servers);
@@ -221,6 +221,11 @@ private:
     std::shared_ptr<Slice> zeroSlice(uint32_t slot) const;
     /// Throws Error(DeviceLost) once a stream's work failed.
     void checkAlive() const;
+public:
+    /// ComputeClient::close(): no automatic reopen starts from this open any more.
+    void beginClose();
+
+private:
     /// current() once lost: the successor, made now when devices.reopen_after_fault allows
     /// another reopen (this server is closed then), else this server.
     ComputeServer &reopened();
@@ -319,7 +324,11 @@ private:
     std::mutex successorMutex_;
     /// The open that replaced this one after its fault (devices.reopen_after_fault).
     std::shared_ptr<ComputeServer> successor_;
+    bool closing_ = false; ///< close() began: no reopen from here (guarded by successorMutex_)
     uint32_t reopens_ = 0; ///< reopens before this open (its predecessors' count)
+    /// The opens this one replaced after their faults, oldest first: their profile tokens end
+    /// with DeviceLost here.
+    std::vector<uint64_t> predecessors_;
     std::vector<Hold> lostHolds_; ///< what failed work used: kept until teardown
 
     std::mutex mutex_; ///< the engine lock (see the class comment)
