@@ -44,8 +44,9 @@ std::unique_ptr<Rendezvous> localRendezvous();
 /// Processes sharing a directory (NFS, a node's /tmp): `directory` must be empty or new for each
 /// job/communicator generation; files are written atomically (temp + rename). Created if missing,
 /// readable and writable by this user only (mode 0700). Whoever can write the directory can join
-/// the job, so it is refused with Error(InvalidArgument) when another user owns it or group or
-/// others may write it. Throws Error(InvalidArgument) also when process >= processCount, and when
+/// the job, so it is refused with Error(InvalidArgument) when it is a symbolic link, when another
+/// user owns it or group or others may write it (a parent that others may write and that is not
+/// sticky is logged as a warning). Throws Error(InvalidArgument) also when process >= processCount, and when
 /// the directory already holds files of this process or of a later step (a directory reused from
 /// an earlier job).
 std::unique_ptr<Rendezvous> directoryRendezvous(const std::string &directory, uint32_t process,
@@ -72,12 +73,15 @@ struct TcpRendezvousOptions {
 ///
 /// A connection that does not prove it knows the token (a stranger, another job, a wrong token,
 /// a replayed handshake, a connection that stops half-way) is refused and logged (subsystem
-/// "comm", level warn) and changes nothing else: the job waits for its real processes. Throws
-/// Error(Timeout) naming the address, the processes that did not connect and the last refused
-/// connection; Error(InvalidArgument) for a malformed address, a missing or short token, a
-/// host that does not resolve, a port in use, a server there that is not a backplane rendezvous
-/// or does not know the token, or a peer that knows the token but was started for another
-/// processCount or with a duplicate process index (process 0 tells that peer why).
+/// "comm", level warn; the first 16, then every 1000th) and changes nothing else: the job waits
+/// for its real processes. A peer likewise treats a server that does not prove the token (or is
+/// not a backplane rendezvous) as a failed attempt and tries the host's other addresses and
+/// again until its deadline. Throws Error(Timeout) naming the address, the processes that did
+/// not connect and the last refused connection (process 0), or the last error and the last
+/// server that answered (a peer); Error(InvalidArgument) for a malformed address, a missing or
+/// short token, a host that does not resolve, a port in use, or a peer that proved the token
+/// but was started for another processCount or with a duplicate process index (process 0 tells
+/// that peer why).
 std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
                                           uint32_t processCount,
                                           std::chrono::milliseconds connectTimeout,

@@ -2,6 +2,8 @@
 // the launcher environment. TCP is in rendezvous_tcp.cpp.
 #include "comm/rendezvous_detail.hpp"
 
+#include <backplane/log.hpp>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -171,8 +173,12 @@ private:
     /// collective engine's unique id is one): it must be this user's and closed to the others.
     void refuseForeignDirectory() const {
         struct stat info {};
-        if (::stat(directory_.c_str(), &info) != 0)
+        if (::lstat(directory_.c_str(), &info) != 0)
             throw fileError("cannot inspect the directory", errno);
+        // A link could be pointed elsewhere between this check and the files' use.
+        if (S_ISLNK(info.st_mode))
+            throw Error(ErrorCode::InvalidArgument,
+                        what() + ": the path is a symbolic link; give the directory itself");
         if (info.st_uid != ::geteuid())
             throw Error(ErrorCode::InvalidArgument,
                         what() + ": the directory belongs to user " + std::to_string(info.st_uid) +
@@ -187,6 +193,24 @@ private:
                             " (mode " + mode +
                             "), who could take a process's place: `chmod go-w` it, or use a new "
                             "directory (backplane creates it with mode 0700)");
+        }
+        // A parent that others may write (and that is not sticky, as /tmp is) lets them rename
+        // the directory away and put their own in its place after this check: said, not
+        // refused, since shared project directories are often like that.
+        std::error_code ec;
+        for (fs::path parent = fs::absolute(directory_, ec).parent_path();
+             !ec && !parent.empty() && parent != parent.root_path();
+             parent = parent.parent_path()) {
+            struct stat above {};
+            if (::stat(parent.c_str(), &above) != 0) break;
+            if ((above.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (above.st_mode & S_ISVTX) == 0) {
+                log::write(log::Subsystem::Comm, log::Level::Warn,
+                           what() + ": its parent " + parent.string() +
+                               " may be written by other users and is not sticky: they could "
+                               "replace the directory while the job runs; prefer a directory "
+                               "under a parent only you can write");
+                break;
+            }
         }
     }
 

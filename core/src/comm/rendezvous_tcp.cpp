@@ -189,6 +189,14 @@ std::string hex(uint32_t value) {
     return text;
 }
 
+/// `text` with control characters (a terminal escape, a newline) shown as '?': for words that
+/// come from the network.
+std::string printable(std::string text) {
+    for (char &c : text)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    return text;
+}
+
 std::vector<std::byte> abortFrame(ErrorCode code, const std::string &reason) {
     const std::string text = reason.substr(0, wire::kMaxReasonBytes);
     std::vector<std::byte> frame;
@@ -260,8 +268,10 @@ private:
                                 std::to_string(address_.port) + ": " + lastError);
             return {}; // the family or the address is not available on this node
         }
-        if (::listen(socket.fd(), static_cast<int>(std::min<uint32_t>(processCount(), 4096))) !=
-            0) {
+        // Room for the job's processes and for strangers' connections beside them, which
+        // process 0 refuses: a full queue would turn the real peers away.
+        const uint32_t backlog = std::clamp<uint32_t>(processCount() + 128, 128, 4096);
+        if (::listen(socket.fd(), static_cast<int>(backlog)) != 0) {
             lastError = std::strerror(errno);
             return {};
         }
@@ -314,7 +324,12 @@ private:
                 std::memcpy(&storage, ai->ai_addr, ai->ai_addrlen);
                 const std::string name = peerName(storage, ai->ai_addrlen);
                 if (std::find(names.begin(), names.end(), name) != names.end()) continue;
-                Socket socket = listenAt(ai->ai_addr, ai->ai_addrlen, false, lastError);
+                // "::" means every address, as "*" does: the IPv4 ones too.
+                const bool wildcard =
+                    ai->ai_family == AF_INET6 &&
+                    IN6_IS_ADDR_UNSPECIFIED(
+                        &reinterpret_cast<const sockaddr_in6 *>(ai->ai_addr)->sin6_addr);
+                Socket socket = listenAt(ai->ai_addr, ai->ai_addrlen, wildcard, lastError);
                 if (!socket.valid()) continue;
                 sockets.push_back(std::move(socket));
                 names.push_back(name);
@@ -353,6 +368,8 @@ private:
     /// Most connections that may be half-way through their introduction at once; a new one past
     /// this closes the oldest, so a flood of silent connections cannot lock the real peers out.
     static constexpr size_t kMaxPending = 64;
+    /// Refusals logged one by one before only every thousandth is.
+    static constexpr size_t kLoggedRefusals = 16;
 
     void acceptPeers(std::chrono::milliseconds connectTimeout) {
         const auto deadline = Clock::now() + connectTimeout;
@@ -406,18 +423,46 @@ private:
                     socklen_t length = sizeof from;
                     const int fd = ::accept4(listeners[l].fd(), reinterpret_cast<sockaddr *>(&from),
                                              &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                    if (fd < 0) break; // EAGAIN, or a connection that went away meanwhile
-                    setNoDelay(fd);
-                    if (pending.size() == kMaxPending) {
-                        refuse(pending.front(), "still had not introduced itself when " +
-                                                    std::to_string(kMaxPending) +
-                                                    " newer connections were waiting");
-                        pending.erase(pending.begin());
+                    if (fd < 0) {
+                        // Out of descriptors: the listener stays readable, so free one (or
+                        // wait a moment) instead of spinning until the deadline.
+                        if (errno == EMFILE || errno == ENFILE) {
+                            if (!pending.empty())
+                                evict(pending, "was closed: process 0 ran out of file "
+                                               "descriptors");
+                            else
+                                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                        }
+                        break; // EAGAIN, or a connection that went away meanwhile
                     }
+                    setNoDelay(fd);
+                    if (pending.size() == kMaxPending)
+                        evict(pending, "still had not introduced itself when " +
+                                           std::to_string(kMaxPending) +
+                                           " newer connections were waiting");
                     pending.push_back({Socket(fd), peerName(from, length)});
                 }
             }
         }
+    }
+
+    /// Closes one waiting connection to make room: the oldest that sent nothing yet, else the
+    /// oldest still in its Hello, else the oldest of all. One that was challenged is closed last:
+    /// it is most likely a real peer about to prove the token (and a peer dropped before its
+    /// verdict connects again).
+    void evict(std::vector<Pending> &pending, const std::string &why) {
+        const auto pick = [&](auto &&matches) -> std::optional<size_t> {
+            for (size_t i = 0; i < pending.size(); ++i)
+                if (matches(pending[i])) return i;
+            return std::nullopt;
+        };
+        size_t victim = 0;
+        if (auto silent = pick([](const Pending &p) { return p.stage == Pending::Head && p.got == 0; }))
+            victim = *silent;
+        else if (auto hello = pick([](const Pending &p) { return p.stage != Pending::Proof; }))
+            victim = *hello;
+        refuse(pending[victim], why);
+        pending.erase(pending.begin() + static_cast<ptrdiff_t>(victim));
     }
 
     /// Reads what `p` has sent: the completed introduction once its Proof checks out, else
@@ -493,8 +538,17 @@ private:
         p.socket.reset();
         ++refused_;
         lastRefusal_ = line;
-        log::write(log::Subsystem::Comm, log::Level::Warn,
-                   what() + ": refused " + line + "; still waiting for the job's processes");
+        // The first ones each, then every thousandth: a flood must not become a log flood.
+        if (refused_ <= kLoggedRefusals)
+            log::write(log::Subsystem::Comm, log::Level::Warn,
+                       what() + ": refused " + line + "; still waiting for the job's processes" +
+                           (refused_ == kLoggedRefusals
+                                ? " (further refusals are logged every 1000th)"
+                                : ""));
+        else if (refused_ % 1000 == 0)
+            log::write(log::Subsystem::Comm, log::Level::Warn,
+                       what() + ": refused " + std::to_string(refused_) +
+                           " connections so far, the last " + line);
     }
 
     /// Takes a peer that proved it knows the token: true when it is a new peer. One that does
@@ -659,27 +713,31 @@ private:
         const std::string self =
             "process " + std::to_string(process()) + " of " + std::to_string(processCount());
         std::string lastError = "no attempt";
+        std::string lastAnswer; // the last server that answered but was not this job's process 0
         auto pause = std::chrono::milliseconds(10);
         while (true) {
-            Socket socket = tryConnect(deadline, lastError);
-            if (socket.valid()) {
-                zero_ = std::move(socket);
-                introduce(deadline, connectTimeout);
-                return;
-            }
+            if (tryJoin(deadline, connectTimeout, lastError, lastAnswer)) return;
             const auto now = Clock::now();
             if (now >= deadline)
-                throw Error(ErrorCode::Timeout, what() + ": " + self +
-                                                    " could not connect to process 0 within " +
-                                                    formatDuration(connectTimeout) +
-                                                    " (last error: " + lastError + ")");
+                throw Error(ErrorCode::Timeout,
+                            what() + ": " + self + " could not join process 0 within " +
+                                formatDuration(connectTimeout) + " (last error: " + lastError +
+                                (lastAnswer.empty() || lastAnswer == lastError
+                                     ? std::string()
+                                     : "; before that " + lastAnswer) +
+                                ")");
             std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
             pause = std::min(pause * 2, std::chrono::milliseconds(500));
         }
     }
 
-    /// One round over the host's addresses; an invalid socket and `lastError` when none answered.
-    Socket tryConnect(Clock::time_point deadline, std::string &lastError) const {
+    /// One round over the host's addresses: connects to each and introduces itself until
+    /// process 0 welcomes it (true). A server that is not this job's process 0 (another program
+    /// on the port, a wrong token, a connection dropped before the verdict) is one failed
+    /// attempt, noted in `lastError`: the next address or round may reach the real one. Throws
+    /// only what retrying cannot fix: process 0 proved the token and refused this process.
+    bool tryJoin(Clock::time_point deadline, std::chrono::milliseconds connectTimeout,
+                 std::string &lastError, std::string &lastAnswer) {
         addrinfo hints{};
         hints.ai_family = AF_UNSPEC;
         hints.ai_socktype = SOCK_STREAM;
@@ -688,7 +746,7 @@ private:
         const int rc = ::getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &found);
         if (rc == EAI_AGAIN) {
             lastError = ::gai_strerror(rc);
-            return {};
+            return false;
         }
         if (rc != 0)
             throw Error(ErrorCode::InvalidArgument,
@@ -696,36 +754,72 @@ private:
                             (rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc)));
         std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owner(found, ::freeaddrinfo);
         for (const addrinfo *ai = found; ai != nullptr; ai = ai->ai_next) {
-            Socket socket(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                                   ai->ai_protocol));
-            if (!socket.valid()) {
-                lastError = std::strerror(errno);
+            zero_ = connectTo(ai, deadline, lastError);
+            if (!zero_.valid()) continue;
+            sockaddr_storage storage{};
+            std::memcpy(&storage, ai->ai_addr, ai->ai_addrlen);
+            const std::string at = peerName(storage, ai->ai_addrlen);
+            if (const auto failed = introduce(deadline, connectTimeout)) {
+                lastError = at + ": " + failed->why;
+                if (failed->answered) lastAnswer = lastError;
+                zero_.reset();
                 continue;
             }
-            if (::connect(socket.fd(), ai->ai_addr, ai->ai_addrlen) != 0) {
-                if (errno != EINPROGRESS) {
-                    lastError = std::strerror(errno);
-                    continue;
-                }
-                if (!waitFor(socket.fd(), POLLOUT, deadline)) {
-                    lastError = "the connection attempt timed out";
-                    continue;
-                }
-                int error = 0;
-                socklen_t length = sizeof error;
-                ::getsockopt(socket.fd(), SOL_SOCKET, SO_ERROR, &error, &length);
-                if (error != 0) {
-                    lastError = std::strerror(error);
-                    continue;
-                }
-            }
-            setNoDelay(socket.fd());
-            return socket;
+            return true;
         }
-        return {};
+        return false;
     }
 
-    void introduce(Clock::time_point deadline, std::chrono::milliseconds connectTimeout) {
+    /// A connected socket to `ai`, or an invalid one and `lastError`.
+    Socket connectTo(const addrinfo *ai, Clock::time_point deadline,
+                     std::string &lastError) const {
+        Socket socket(
+            ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
+        if (!socket.valid()) {
+            lastError = std::strerror(errno);
+            return {};
+        }
+        if (::connect(socket.fd(), ai->ai_addr, ai->ai_addrlen) != 0) {
+            if (errno != EINPROGRESS) {
+                lastError = std::strerror(errno);
+                return {};
+            }
+            if (!waitFor(socket.fd(), POLLOUT, deadline)) {
+                lastError = "the connection attempt timed out";
+                return {};
+            }
+            int error = 0;
+            socklen_t length = sizeof error;
+            ::getsockopt(socket.fd(), SOL_SOCKET, SO_ERROR, &error, &length);
+            if (error != 0) {
+                lastError = std::strerror(error);
+                return {};
+            }
+        }
+        setNoDelay(socket.fd());
+        return socket;
+    }
+
+    /// The handshake on zero_: nothing when process 0 welcomed this process, else why this
+    /// server is not (or not yet) this job's process 0. Until process 0's MAC checks out, what
+    /// the server says is not trusted: an Abort is shown as the server's words, cleaned of
+    /// control characters, and only fails this attempt.
+    /// Why a handshake attempt failed; `answered`: the server said something (it is there, but
+    /// is not this job's process 0), rather than the connection breaking or going silent.
+    struct Refusal {
+        std::string why;
+        bool answered = true;
+    };
+
+    std::optional<Refusal> introduce(Clock::time_point deadline,
+                                     std::chrono::milliseconds connectTimeout) {
+        // A server that never answers costs at most a few seconds of the connect timeout.
+        const auto attemptDeadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+        const auto broken = [](const Io &io) -> Refusal {
+            if (io.kind == Io::Closed) return {"the server closed the connection", false};
+            if (io.kind == Io::TimedOut) return {"the server did not answer", false};
+            return {std::string("the connection failed: ") + std::strerror(io.error), false};
+        };
         const wire::Nonce mine = wire::freshNonce();
         std::vector<std::byte> hello;
         wire::appendU32(hello, wire::kHelloMagic);
@@ -733,43 +827,77 @@ private:
         wire::appendU32(hello, process());
         wire::appendU32(hello, processCount());
         hello.insert(hello.end(), mine.begin(), mine.end());
-        const std::string during = "introducing itself";
-        expect(sendAll(zero_.fd(), hello.data(), hello.size(), deadline), during, connectTimeout);
+        if (const Io io = sendAll(zero_.fd(), hello.data(), hello.size(), attemptDeadline);
+            io.kind != Io::Done)
+            return broken(io);
         std::array<std::byte, wire::kChallengeBytes> challenge{};
-        expect(receiveAll(zero_.fd(), challenge.data(), 4, deadline), during, connectTimeout);
+        if (const Io io = receiveAll(zero_.fd(), challenge.data(), 4, attemptDeadline);
+            io.kind != Io::Done)
+            return broken(io);
         const uint32_t answer = wire::readU32(challenge.data());
-        if (answer == wire::kAbortMagic) throwAbort(deadline, during, connectTimeout);
+        if (answer == wire::kAbortMagic)
+            return Refusal{"the server refused it, saying (not proven to be this job's process "
+                           "0): " +
+                           readAbortText(attemptDeadline).value_or("(an unreadable reason)")};
         if (answer != wire::kChallengeMagic)
-            throw Error(ErrorCode::InvalidArgument,
-                        peerPrefix(during) +
-                            "the server there is not a backplane rendezvous (it answered " +
-                            hex(answer) + ")");
-        expect(receiveAll(zero_.fd(), challenge.data() + 4, challenge.size() - 4, deadline), during,
-               connectTimeout);
+            return Refusal{"the server there is not a backplane rendezvous (it answered " +
+                           hex(answer) + ")"};
+        if (const Io io = receiveAll(zero_.fd(), challenge.data() + 4, challenge.size() - 4,
+                                     attemptDeadline);
+            io.kind != Io::Done)
+            return broken(io);
         wire::Nonce theirs{};
         std::memcpy(theirs.data(), challenge.data() + 4, theirs.size());
         if (!wire::sameMac(challenge.data() + 4 + wire::kNonceBytes,
                            wire::handshakeMac(token_, wire::Side::Zero, mine, theirs, process(),
                                               processCount())))
-            throw Error(ErrorCode::InvalidArgument,
-                        peerPrefix(during) +
-                            "the process listening there does not know this job's token (another "
-                            "job's rendezvous on the same port, or a different "
-                            "BACKPLANE_RENDEZVOUS_TOKEN): nothing was sent to it");
+            return Refusal{"the process listening there does not know this job's token "
+                           "(another job's rendezvous on the same port, or a different "
+                           "BACKPLANE_RENDEZVOUS_TOKEN): nothing was sent to it"};
+        // Process 0 is authentic from here on: its answers are trusted.
         const wire::Mac proof =
             wire::handshakeMac(token_, wire::Side::Peer, mine, theirs, process(), processCount());
         std::vector<std::byte> frame;
         wire::appendU32(frame, wire::kProofMagic);
         frame.insert(frame.end(), proof.begin(), proof.end());
-        expect(sendAll(zero_.fd(), frame.data(), frame.size(), deadline), during, connectTimeout);
+        if (const Io io = sendAll(zero_.fd(), frame.data(), frame.size(), deadline);
+            io.kind != Io::Done)
+            return broken(io);
+        // The verdict may take until the deadline: giving up earlier could leave this process
+        // admitted on a connection it abandoned.
         std::array<std::byte, 4> magic{};
-        expect(receiveAll(zero_.fd(), magic.data(), magic.size(), deadline), during,
-               connectTimeout);
+        if (const Io io = receiveAll(zero_.fd(), magic.data(), magic.size(), deadline);
+            io.kind != Io::Done) {
+            Refusal refusal = broken(io);
+            refusal.why += " before it answered the proof";
+            return refusal;
+        }
         const uint32_t verdict = wire::readU32(magic.data());
-        if (verdict == wire::kWelcomeMagic) return;
+        if (verdict == wire::kWelcomeMagic) return std::nullopt;
+        const std::string during = "introducing itself";
         if (verdict == wire::kAbortMagic) throwAbort(deadline, during, connectTimeout);
         throw Error(kPeerFailed, peerPrefix(during) + "process 0 sent a malformed answer (magic " +
                                      hex(verdict) + ")");
+    }
+
+    /// The code and text of an Abort whose magic was read; nothing when it is malformed.
+    std::optional<std::pair<uint32_t, std::string>> readAbort(Clock::time_point deadline) {
+        std::array<std::byte, 8> header{};
+        if (receiveAll(zero_.fd(), header.data(), header.size(), deadline).kind != Io::Done)
+            return std::nullopt;
+        const uint32_t code = wire::readU32(header.data());
+        const uint32_t length = wire::readU32(header.data() + 4);
+        if (length > wire::kMaxReasonBytes) return std::nullopt;
+        std::string reason(length, '\0');
+        if (receiveAll(zero_.fd(), reinterpret_cast<std::byte *>(reason.data()), length, deadline)
+                .kind != Io::Done)
+            return std::nullopt;
+        return std::make_pair(code, printable(reason));
+    }
+    std::optional<std::string> readAbortText(Clock::time_point deadline) {
+        const auto abort = readAbort(deadline);
+        if (!abort) return std::nullopt;
+        return "\"" + abort->second + "\"";
     }
 
     std::vector<std::vector<std::byte>> gatherAtPeer(std::span<const std::byte> mine,
@@ -818,24 +946,17 @@ private:
     /// Reads the rest of an Abort from process 0 and throws its error here.
     [[noreturn]] void throwAbort(Clock::time_point deadline, const std::string &during,
                                  std::chrono::milliseconds timeout) {
-        std::array<std::byte, 8> header{};
-        expect(receiveAll(zero_.fd(), header.data(), header.size(), deadline), during, timeout);
-        const uint32_t code = wire::readU32(header.data());
-        const uint32_t length = wire::readU32(header.data() + 4);
-        if (length > wire::kMaxReasonBytes)
+        const auto abort = readAbort(deadline);
+        (void)timeout;
+        if (!abort)
             throw Error(kPeerFailed, peerPrefix(during) +
-                                         "process 0 sent a malformed error message (" +
-                                         std::to_string(length) + " bytes)");
-        std::string reason(length, '\0');
-        expect(
-            receiveAll(zero_.fd(), reinterpret_cast<std::byte *>(reason.data()), length, deadline),
-            during, timeout);
+                                         "process 0 sent a malformed or incomplete error message");
         // Process 0 sends Timeout, InvalidArgument or kPeerFailed; anything else is a peer's
         // failure too.
         ErrorCode errorCode = kPeerFailed;
         for (const ErrorCode known : {ErrorCode::Timeout, ErrorCode::InvalidArgument})
-            if (code == static_cast<uint32_t>(known)) errorCode = known;
-        throw Error(errorCode, peerPrefix(during) + "process 0 reports: " + reason);
+            if (abort->first == static_cast<uint32_t>(known)) errorCode = known;
+        throw Error(errorCode, peerPrefix(during) + "process 0 reports: " + abort->second);
     }
 
     /// "tcp rendezvous at node0:29500: process 2 of 4, step 3: ".
