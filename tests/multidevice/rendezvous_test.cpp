@@ -1205,7 +1205,9 @@ TEST_CASE("a tcp rendezvous of several processes needs a token of at least 16 by
     for (const auto &[token, expected] : cases)
         for (uint32_t p : {0u, 1u}) {
             CAPTURE(p);
-            const Failure failure = failureOf([&] { tcp(loopback(freePort()), p, 2, 1s, token); });
+            // Given explicitly (the public function falls back to the user's token file).
+            const Failure failure = failureOf(
+                [&] { detail::tcpRendezvous(loopback(freePort()), p, 2, 1s, token, ""); });
             CHECK(failure.code == ErrorCode::InvalidArgument);
             CHECK_MESSAGE(contains(failure.message, expected), failure.message);
         }
@@ -1216,6 +1218,45 @@ TEST_CASE("a tcp rendezvous of several processes needs a token of at least 16 by
     CHECK(a.size() == 64);
     CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
     CHECK(a != newRendezvousToken());
+}
+
+TEST_CASE("without a token, the processes of one user share the user's token file, made 0600 on "
+          "first use by whichever process comes first") {
+    bounded("tcp token file", [] {
+        TempDir dir;
+        const fs::path file = dir.path / "config" / "backplane" / "rendezvous-token";
+        ::unsetenv("BACKPLANE_RENDEZVOUS_TOKEN");
+        ::setenv("BACKPLANE_RENDEZVOUS_TOKEN_FILE", file.c_str(), 1);
+        const std::string address = loopback(freePort());
+        // Three processes race to create the file; all must end up with the same token.
+        const auto statuses = onProcesses(3, [&](uint32_t p) {
+            auto rendezvous = tcp(address, p, 3, 10s, "");
+            const std::string wrong = gatherSteps(*rendezvous, p, 3);
+            if (!wrong.empty()) std::fprintf(stderr, "process %u: %s\n", p, wrong.c_str());
+            return wrong.empty() ? 0 : 1;
+        });
+        CHECK(statuses == std::vector<int>{0, 0, 0});
+        REQUIRE(fs::exists(file));
+        CHECK((fs::status(file).permissions() & (fs::perms::group_all | fs::perms::others_all)) ==
+              fs::perms::none);
+        // A token file others can read is refused, naming it and what to do.
+        fs::permissions(file, fs::perms::others_read, fs::perm_options::add);
+        Failure exposed = failureOf([&] { tcp(loopback(freePort()), 1, 2, 1s, ""); });
+        CHECK(exposed.code == ErrorCode::InvalidArgument);
+        CHECK_MESSAGE(contains(exposed.message, "rendezvous token file " + file.string() +
+                                                    " must belong to this user and be readable "
+                                                    "by nobody else (chmod 600"),
+                      exposed.message);
+        // So is a symbolic link to one.
+        fs::permissions(file, fs::perms::others_read, fs::perm_options::remove);
+        const fs::path link = dir.path / "link-token";
+        fs::create_symlink(file, link);
+        ::setenv("BACKPLANE_RENDEZVOUS_TOKEN_FILE", link.c_str(), 1);
+        exposed = failureOf([&] { tcp(loopback(freePort()), 1, 2, 1s, ""); });
+        CHECK(exposed.code == ErrorCode::InvalidArgument);
+        CHECK_MESSAGE(contains(exposed.message, "(a symbolic link is refused)"), exposed.message);
+        ::unsetenv("BACKPLANE_RENDEZVOUS_TOKEN_FILE");
+    });
 }
 
 TEST_CASE("a directory rendezvous is private to its user: created 0700, refused when others may "

@@ -57,7 +57,12 @@ struct TcpRendezvousOptions {
     /// The job's shared secret, the same in every process and at least 16 bytes (newRendezvousToken()
     /// or `backplane token` make one). Every connection proves it knows the token, and process 0
     /// proves it to every peer, with an HMAC-SHA256 challenge: the token itself never crosses the
-    /// network. Empty: BACKPLANE_RENDEZVOUS_TOKEN; neither set: Error(InvalidArgument).
+    /// network. Empty: BACKPLANE_RENDEZVOUS_TOKEN, else (like Erlang's cookie) the user's token
+    /// file: BACKPLANE_RENDEZVOUS_TOKEN_FILE, else $XDG_CONFIG_HOME/backplane/rendezvous-token,
+    /// else ~/.config/backplane/rendezvous-token, made with a fresh token and mode 0600 on first
+    /// use. So one user's processes on one machine (or on machines sharing the home directory)
+    /// agree with no setting, and other users cannot read it. A token file that another user
+    /// owns or that others may read, or a symbolic link, is refused with Error(InvalidArgument).
     std::string token;
     /// Where process 0 listens: a host or address ("10.0.0.5", "node0", "::1"), or "*" for every
     /// interface. Empty: BACKPLANE_RENDEZVOUS_BIND, else the host of `address` (every address it

@@ -366,17 +366,20 @@ std::unique_ptr<Rendezvous> tcpFromSpec(const std::string &variable, const std::
                                         const LaunchEnvironment &env,
                                         const EnvironmentLookup &lookup,
                                         std::chrono::milliseconds connectTimeout) {
-    const char *token = lookup("BACKPLANE_RENDEZVOUS_TOKEN");
     const char *bind = lookup("BACKPLANE_RENDEZVOUS_BIND");
+    std::string token;
+    std::string source;
     try {
         parseTcpAddress(address);
-        if (env.processCount > 1)
-            checkToken("tcp rendezvous at " + address, token != nullptr ? token : "");
+        if (env.processCount > 1) {
+            token = defaultToken(lookup, source);
+            checkToken("tcp rendezvous at " + address, token);
+        }
     } catch (const Error &e) {
         throw Error(ErrorCode::Config, variable + ": " + e.what());
     }
-    return tcpRendezvous(address, env.process, env.processCount, connectTimeout,
-                         token != nullptr ? token : "", bind != nullptr ? bind : "");
+    return tcpRendezvous(address, env.process, env.processCount, connectTimeout, token,
+                         bind != nullptr ? bind : "", source);
 }
 
 } // namespace

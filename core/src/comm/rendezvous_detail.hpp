@@ -137,6 +137,9 @@ inline uint64_t readU64(const std::byte *in) {
 }
 } // namespace wire
 
+/// Reads one environment variable: nullptr when unset. The public functions pass ::getenv.
+using EnvironmentLookup = std::function<const char *(const char *name)>;
+
 /// Shortest token accepted: shorter secrets can be guessed offline from one recorded handshake.
 inline constexpr size_t kMinTokenBytes = 16;
 /// Throws Error(InvalidArgument) beginning with `what` when `token` is empty or too short, saying
@@ -145,15 +148,25 @@ void checkToken(const std::string &what, std::string_view token);
 /// 32 random bytes as 64 hexadecimal digits: what `backplane token` prints.
 std::string generateToken();
 
+/// The job's token when the caller gave none, like Erlang's cookie: BACKPLANE_RENDEZVOUS_TOKEN,
+/// else the user's token file (BACKPLANE_RENDEZVOUS_TOKEN_FILE, else
+/// $XDG_CONFIG_HOME/backplane/rendezvous-token, else ~/.config/backplane/rendezvous-token),
+/// created with a fresh token and mode 0600 on first use (the first creator wins when several
+/// processes race). So the processes of one user on one machine, or on machines sharing the
+/// home directory, agree without any setting, and nobody else can read it. `source` names where
+/// the token came from, for messages. Throws Error(InvalidArgument) naming the file when it is
+/// not a regular file of this user readable by this user only, or holds no token.
+std::string defaultToken(const EnvironmentLookup &lookup, std::string &source);
+
 /// A TCP rendezvous with everything resolved (the public tcpRendezvous reads the environment for
 /// what its options leave empty).
+/// `tokenSource` says where the token came from, for messages.
 std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
                                           uint32_t processCount,
                                           std::chrono::milliseconds connectTimeout,
-                                          const std::string &token, const std::string &bind);
+                                          const std::string &token, const std::string &bind,
+                                          const std::string &tokenSource = "the caller");
 
-/// Reads one environment variable: nullptr when unset. The public functions pass ::getenv.
-using EnvironmentLookup = std::function<const char *(const char *name)>;
 LaunchEnvironment launchEnvironment(const EnvironmentLookup &lookup);
 std::unique_ptr<Rendezvous> rendezvousFromEnvironment(const EnvironmentLookup &lookup,
                                                       std::chrono::milliseconds connectTimeout);

@@ -211,9 +211,11 @@ std::vector<std::byte> abortFrame(ErrorCode code, const std::string &reason) {
 class TcpRendezvous final : public CheckedRendezvous {
 public:
     TcpRendezvous(const std::string &address, uint32_t process, uint32_t processCount,
-                  std::chrono::milliseconds connectTimeout, std::string token, std::string bind)
+                  std::chrono::milliseconds connectTimeout, std::string token, std::string bind,
+                  std::string tokenSource)
         : CheckedRendezvous(process, processCount, "tcp rendezvous at " + address),
-          address_(parseTcpAddress(address)), token_(std::move(token)), bind_(std::move(bind)) {
+          address_(parseTcpAddress(address)), token_(std::move(token)), bind_(std::move(bind)),
+          tokenSource_(std::move(tokenSource)) {
         if (connectTimeout.count() <= 0)
             throw Error(ErrorCode::InvalidArgument,
                         what() + ": connectTimeout must be positive, got " +
@@ -853,7 +855,9 @@ private:
                                               processCount())))
             return Refusal{"the process listening there does not know this job's token "
                            "(another job's rendezvous on the same port, or a different "
-                           "BACKPLANE_RENDEZVOUS_TOKEN): nothing was sent to it"};
+                           "BACKPLANE_RENDEZVOUS_TOKEN): nothing was sent to it; this process's "
+                           "token comes from " +
+                           tokenSource_};
         // Process 0 is authentic from here on: its answers are trusted.
         const wire::Mac proof =
             wire::handshakeMac(token_, wire::Side::Peer, mine, theirs, process(), processCount());
@@ -984,6 +988,7 @@ private:
     TcpAddress address_;
     std::string token_;
     std::string bind_;
+    std::string tokenSource_;            // "BACKPLANE_RENDEZVOUS_TOKEN", for messages
     std::string listening_;              // process 0: "127.0.0.1:29500", for messages
     size_t refused_ = 0;                 // process 0: connections refused while accepting
     std::string lastRefusal_;            // process 0: the last one, and why
@@ -1000,9 +1005,10 @@ namespace backplane::detail {
 std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t process,
                                           uint32_t processCount,
                                           std::chrono::milliseconds connectTimeout,
-                                          const std::string &token, const std::string &bind) {
+                                          const std::string &token, const std::string &bind,
+                                          const std::string &tokenSource) {
     return std::make_unique<TcpRendezvous>(address, process, processCount, connectTimeout, token,
-                                           bind);
+                                           bind, tokenSource);
 }
 
 } // namespace backplane::detail
@@ -1013,14 +1019,18 @@ std::unique_ptr<Rendezvous> tcpRendezvous(const std::string &address, uint32_t p
                                           uint32_t processCount,
                                           std::chrono::milliseconds connectTimeout,
                                           const TcpRendezvousOptions &options) {
-    const auto fromEnvironment = [](const std::string &given, const char *variable) {
-        if (!given.empty()) return given;
-        const char *value = ::getenv(variable);
-        return std::string(value != nullptr ? value : "");
-    };
-    return detail::tcpRendezvous(address, process, processCount, connectTimeout,
-                                 fromEnvironment(options.token, "BACKPLANE_RENDEZVOUS_TOKEN"),
-                                 fromEnvironment(options.bind, "BACKPLANE_RENDEZVOUS_BIND"));
+    std::string source = "TcpRendezvousOptions::token";
+    std::string token = options.token;
+    // One process meets nobody: no token, and no token file made for it.
+    if (token.empty() && processCount > 1) {
+        detail::parseTcpAddress(address); // a malformed address is said first
+        token = detail::defaultToken(::getenv, source);
+    }
+    std::string bind = options.bind;
+    if (bind.empty())
+        if (const char *value = ::getenv("BACKPLANE_RENDEZVOUS_BIND")) bind = value;
+    return detail::tcpRendezvous(address, process, processCount, connectTimeout, token, bind,
+                                 source);
 }
 
 std::string newRendezvousToken() { return detail::generateToken(); }
