@@ -153,12 +153,13 @@ std::string GpuDevice::name() const {
     return std::string(bpv::kApiName) + " device " + std::to_string(description_.ordinal);
 }
 
-void GpuDevice::markLost(const std::string &why) const {
+void GpuDevice::markLost(const std::string &why, bool fault) const {
     {
         std::lock_guard lock(lostMutex_);
         if (!lost_.load()) lostReason_ = why;
         lost_.store(true);
     }
+    if (!fault) return;
     ProcessFaults &faults = processFaults();
     std::lock_guard lock(faults.mutex);
     faults.first.emplace(description_.ordinal, why); // the first one stays
@@ -189,7 +190,7 @@ void GpuDevice::enterForRelease() const noexcept {
 void GpuDevice::check(const bpv::Call &call, bp_status fallback) const {
     if (call.ok()) return;
     sdk::Error error = toError(driver_, call, fallback);
-    if (error.code() == BP_ERROR_DEVICE_LOST) markLost(error.what());
+    if (error.code() == BP_ERROR_DEVICE_LOST) markLost(error.what(), bpv::isFault(call.result));
     throw error;
 }
 

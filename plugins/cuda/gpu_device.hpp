@@ -263,7 +263,9 @@ private:
         std::string why; ///< when !access: the reason, for copy_peer's message
     };
     PeerAccess peerAccessTo(GpuDevice &source);
-    void markLost(const std::string &why) const;
+    /// `fault`: a kernel's fault (bpv::isFault), which also refuses later opens of the device in
+    /// this process.
+    void markLost(const std::string &why, bool fault = false) const;
 
     // The checks and the vendor call of each recorded operation, on a vendor stream: the ABI
     // entry points call them on the caller's stream, graph capture on captureStream_, so that a

@@ -213,6 +213,27 @@ inline bool isSticky(Result r) {
         return false;
     }
 }
+/// Sticky errors that a kernel's fault caused: after one the driver keeps the device unusable
+/// for the rest of the process (measured: docs/measurements/h200-2026-11-28-s4-cuda-sticky-
+/// fault.txt). Not the other sticky answers (a device another process holds, a context another
+/// library destroyed), after which a later open may work.
+inline bool isFault(Result r) {
+    switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+        return true;
+    default:
+        return false;
+    }
+}
 /// Errors of a launch that the caller's arguments caused (block too large, resources).
 inline bool isLaunchError(Result r) {
     return r == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES || r == CUDA_ERROR_INVALID_VALUE ||

@@ -169,6 +169,9 @@ enum class Attribute {
 inline constexpr bool kWmmaShapes = false;
 
 inline bool isOutOfMemory(Result r) { return r == hipErrorOutOfMemory; }
+/// Whether a fault keeps the device unusable for the rest of the process: not measured on HIP,
+/// so no device is refused for the process there (a reopen is tried).
+inline bool isFault(Result) { return false; }
 inline bool isSticky(Result r) {
     switch (r) {
     case hipErrorIllegalAddress:

@@ -457,3 +457,54 @@ TEST_CASE("close() racing another thread's reopening call leaves the client clos
         CHECK_MESSAGE(after.code != "", "a call after close() succeeded");
     }
 }
+
+TEST_CASE("an automatic reopen does not wait for the lost open's running kernels; a recording "
+          "begun before the fault ends with DeviceLost (review findings)") {
+    Config config;
+    config.pluginPathOverride = {HOST_MANIFEST};
+    config.probeMode = ProbeMode::InProcess;
+    config.cacheEnabled = false;
+    config.reopenAfterFault = 1;
+    // Launch #1 the program's, #2 the gate, #3 the faulting one.
+    config.pluginOptions["host"] =
+        R"({"workers": 2, "mode": "async", "inject_faults": [{"operation": "launch", "nth": 3}]})";
+    Runtime runtime(config);
+    ComputeClient client = runtime.open(runtime.select("host:0"));
+    Program program(client);
+    program.setUp();
+    Buffer aside = client.empty(64);
+    gateOpen = false;
+    gateEntered = false;
+    gatePassed = false;
+    ComputeClient::setStream(7);
+    client.execute(gateKernel(), gateDispatch(aside));
+    ComputeClient::setStream(0);
+    while (!gateEntered.load())
+        std::this_thread::yield();
+    ComputeClient::setStream(3);
+    client.beginRecording();
+    ComputeClient::setStream(0);
+    program.faultingStep("launch");
+    CHECK(outcomeOf([&] { client.sync(); }).code == "device_lost");
+    // The gate is still closed: the old open's stream 7 is busy. A reopen that waited for it
+    // would hang here; the watchdog opens the gate after 5 s so that a failure ends.
+    std::thread watchdog([] {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        gateOpen = true;
+    });
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(client.device().id() == "host:0");
+    CHECK(computes(client));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK_MESSAGE(seconds < 3.0, "the reopen took " << seconds << " s");
+    CHECK_FALSE(gatePassed.load()); // the old kernel was still running meanwhile
+    ComputeClient::setStream(3);
+    const Outcome ended = outcomeOf([&] { (void)client.endRecording(); });
+    ComputeClient::setStream(0);
+    CHECK(ended.code == "device_lost");
+    CHECK_MESSAGE(contains(ended.message, "which was lost and replaced by this open"),
+                  ended.message);
+    gateOpen = true;
+    watchdog.join();
+}

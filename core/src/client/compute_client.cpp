@@ -72,21 +72,21 @@ void ComputeClient::setStream(StreamId id) { threadStream = id; }
 ComputeClient::ComputeClient(std::shared_ptr<detail::ComputeServer> server)
     : server_(std::move(server)) {}
 
-const DeviceInfo &ComputeClient::device() const { return server_->current().info(); }
+const DeviceInfo &ComputeClient::device() const { return server_->followed().info(); }
 
 Buffer ComputeClient::create(const void *data, uint64_t size) {
     return server_->current().create(currentStream(), data, size);
 }
 Buffer ComputeClient::empty(uint64_t size) { return server_->current().empty(currentStream(), size); }
 void ComputeClient::close() {
-    // Another thread's call may be reopening the device meanwhile: close until no newer open
-    // appears (each closed open refuses to reopen).
+    // Every open of the chain (the lost ones an automatic reopen left, then the newest): once
+    // beginClose() returned, no reopen starts from that open, so the successor read after it is
+    // final even while another thread's call is reopening.
     std::shared_ptr<detail::ComputeServer> server = server_;
-    while (true) {
-        server = detail::ComputeServer::newest(server, false);
+    while (server) {
         server->beginClose();
         server->close();
-        if (detail::ComputeServer::newest(server, false) == server) return;
+        server = server->successor();
     }
 }
 Tensor ComputeClient::emptyTensor(std::span<const uint64_t> shape, uint64_t elementSize,
@@ -94,7 +94,7 @@ Tensor ComputeClient::emptyTensor(std::span<const uint64_t> shape, uint64_t elem
     return server_->current().emptyTensor(currentStream(), shape, elementSize, layout);
 }
 void ComputeClient::setAllocationMode(AllocationMode mode) { server_->current().setAllocationMode(mode); }
-MemoryUsage ComputeClient::memoryUsage() const { return server_->current().memoryUsage(); }
+MemoryUsage ComputeClient::memoryUsage() const { return server_->followed().memoryUsage(); }
 void ComputeClient::memoryCleanup() { server_->current().memoryCleanup(); }
 PinnedBuffer ComputeClient::allocatePinned(size_t size) { return server_->current().allocatePinned(size); }
 PinnedBuffer ComputeClient::registerHost(void *data, size_t size) {
@@ -158,7 +158,7 @@ void ComputeClient::prepare(const KernelSource &kernel) { server_->current().pre
 
 void ComputeClient::beginRecording() { server_->current().beginRecording(currentStream()); }
 Recording ComputeClient::endRecording() { return server_->current().endRecording(currentStream()); }
-bool ComputeClient::recording() const { return server_->current().recording(currentStream()); }
+bool ComputeClient::recording() const { return server_->followed().recording(currentStream()); }
 void ComputeClient::replay(const Recording &recording) {
     server_->current().replay(currentStream(), recording);
 }
@@ -170,7 +170,7 @@ void ComputeClient::syncAll() { server_->current().syncAllChecked(); }
 ProfileToken ComputeClient::profileStart() { return server_->current().profileStart(currentStream()); }
 ProfileDuration ComputeClient::profileEnd(ProfileToken token) { return server_->current().profileEnd(token); }
 
-EngineStats ComputeClient::stats() const { return server_->current().stats(); }
+EngineStats ComputeClient::stats() const { return server_->followed().stats(); }
 uint64_t ComputeClient::nativeHandle(NativeKind kind, const Buffer *buffer) const {
     return server_->current().nativeHandle(currentStream(), kind, buffer);
 }

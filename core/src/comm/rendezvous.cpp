@@ -98,7 +98,7 @@ class DirectoryRendezvous final : public CheckedRendezvous {
 public:
     DirectoryRendezvous(const std::string &directory, uint32_t process, uint32_t processCount)
         : CheckedRendezvous(process, processCount, "directory rendezvous in " + directory),
-          directory_(directory) {
+          directory_(normalized(directory)) {
         if (directory.empty())
             throw Error(ErrorCode::InvalidArgument, "directory rendezvous: the directory is empty");
         std::error_code ec;
@@ -169,6 +169,18 @@ private:
         return "step" + std::to_string(step) + ".process" + std::to_string(process);
     }
 
+    /// Absolute, without "." or ".." parts and without a trailing separator: "dir/" and
+    /// "dir/." would make lstat() follow a link that "dir" is.
+    static fs::path normalized(const std::string &directory) {
+        if (directory.empty()) return {};
+        std::error_code ec;
+        fs::path path = fs::absolute(directory, ec).lexically_normal();
+        if (ec) path = fs::path(directory).lexically_normal();
+        if (!path.has_filename() && path.has_parent_path() && path != path.root_path())
+            path = path.parent_path();
+        return path;
+    }
+
     /// Whoever can write the directory can take a process's place (or read the contributions: a
     /// collective engine's unique id is one): it must be this user's and closed to the others.
     void refuseForeignDirectory() const {
@@ -197,12 +209,22 @@ private:
         // A parent that others may write (and that is not sticky, as /tmp is) lets them rename
         // the directory away and put their own in its place after this check: said, not
         // refused, since shared project directories are often like that.
-        std::error_code ec;
-        for (fs::path parent = fs::absolute(directory_, ec).parent_path();
-             !ec && !parent.empty() && parent != parent.root_path();
-             parent = parent.parent_path()) {
+        for (fs::path parent = directory_.parent_path();
+             !parent.empty() && parent != parent.root_path(); parent = parent.parent_path()) {
             struct stat above {};
-            if (::stat(parent.c_str(), &above) != 0) break;
+            if (::lstat(parent.c_str(), &above) != 0) break;
+            // A link on the way could be pointed elsewhere by whoever may write where it is.
+            if (S_ISLNK(above.st_mode)) {
+                struct stat holder {};
+                if (::stat(parent.parent_path().c_str(), &holder) == 0 &&
+                    (holder.st_mode & (S_IWGRP | S_IWOTH)) != 0 &&
+                    (holder.st_mode & S_ISVTX) == 0)
+                    throw Error(ErrorCode::InvalidArgument,
+                                what() + ": its path goes through the symbolic link " +
+                                    parent.string() + " in a directory others may write: give "
+                                    "a path without it");
+                if (::stat(parent.c_str(), &above) != 0) break;
+            }
             if ((above.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (above.st_mode & S_ISVTX) == 0) {
                 log::write(log::Subsystem::Comm, log::Level::Warn,
                            what() + ": its parent " + parent.string() +

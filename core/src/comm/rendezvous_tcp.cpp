@@ -191,10 +191,26 @@ std::string hex(uint32_t value) {
 
 /// `text` with control characters (a terminal escape, a newline) shown as '?': for words that
 /// come from the network.
-std::string printable(std::string text) {
-    for (char &c : text)
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-    return text;
+std::string printable(const std::string &text) {
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
+        const auto third = i + 2 < text.size() ? static_cast<unsigned char>(text[i + 2]) : 0;
+        if (c < 0x20 || c == 0x7f) {
+            out += '?';
+        } else if (c == 0xc2 && next >= 0x80 && next <= 0x9f) { // C1 controls (U+0080..U+009F)
+            out += '?';
+            ++i;
+        } else if (c == 0xe2 && ((next == 0x80 && third >= 0xaa && third <= 0xae) ||
+                                 (next == 0x81 && third >= 0xa6 && third <= 0xa9))) {
+            out += '?'; // bidirectional overrides and isolates, which reorder what is shown
+            i += 2;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out;
 }
 
 std::vector<std::byte> abortFrame(ErrorCode code, const std::string &reason) {
@@ -360,6 +376,7 @@ private:
         uint32_t count = 0;
         wire::Nonce peerNonce{};
         wire::Nonce zeroNonce{};
+        Clock::time_point challenged{}; ///< when the Challenge went out
 
         size_t expected() const {
             return stage == Head ? wire::kHelloHeadBytes
@@ -458,11 +475,16 @@ private:
                 if (matches(pending[i])) return i;
             return std::nullopt;
         };
-        size_t victim = 0;
+        // Challenged, then silent for longer than any real peer's round trip: a stranger that
+        // only sent a Hello to hold a place.
+        const auto stale = Clock::now() - std::chrono::seconds(2);
+        size_t victim = pending.size() - 1; // else the newest challenged: not a peer mid-proof
         if (auto silent = pick([](const Pending &p) { return p.stage == Pending::Head && p.got == 0; }))
             victim = *silent;
         else if (auto hello = pick([](const Pending &p) { return p.stage != Pending::Proof; }))
             victim = *hello;
+        else if (auto parked = pick([&](const Pending &p) { return p.challenged < stale; }))
+            victim = *parked;
         refuse(pending[victim], why);
         pending.erase(pending.begin() + static_cast<ptrdiff_t>(victim));
     }
@@ -513,6 +535,7 @@ private:
                     return std::nullopt;
                 }
                 p.stage = Pending::Proof;
+                p.challenged = Clock::now();
             } else {
                 const wire::Mac expected = wire::handshakeMac(
                     token_, wire::Side::Peer, p.peerNonce, p.zeroNonce, p.process, p.count);

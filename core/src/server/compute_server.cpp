@@ -200,27 +200,49 @@ ComputeServer &ComputeServer::reopened() {
             next->reopens_ = reopens_ + 1;
             next->predecessors_ = predecessors_;
             next->predecessors_.push_back(openNumber_);
+            next->mode_.store(mode_.load()); // what the application set carries over
+            {
+                // Recordings begun on this open end with DeviceLost on the next one.
+                std::lock_guard recordingLock(recordingMutex_);
+                next->lostRecordings_ = lostRecordings_;
+                for (const auto &[key, builder] : recordingStreams_)
+                    next->lostRecordings_.emplace(key, openNumber_);
+            }
             successor_ = next;
             log::write(log::Subsystem::Streams, log::Level::Warn,
                        info().id() + " (open #" + std::to_string(openNumber_) +
                            ") was lost and is reopened as open #" +
                            std::to_string(next->openNumber_) + ", " + attempt +
                            "; the fault: " + reason);
-            closing_ = true; // this open is done: close it below, outside the lock
+            // This open is done. It is not closed here: that waits for its streams, and the
+            // caller may be any call on any thread (even one whose own kernel is still
+            // running there). Its memory goes when its last Buffer, future and client copy do.
+            closing_ = true;
         } else {
             next.reset(); // followed below, outside this lock
         }
     }
-    if (next) {
-        close(); // idle memory goes back; what the failed work held stays until this open dies
-        return next->current();
-    }
+    if (next) return next->current();
     std::shared_ptr<ComputeServer> successor;
     {
         std::lock_guard lock(successorMutex_);
         successor = successor_;
     }
     return successor->current();
+}
+
+ComputeServer &ComputeServer::followed() {
+    ComputeServer *server = this;
+    while (true) {
+        std::lock_guard lock(server->successorMutex_);
+        if (!server->successor_) return *server;
+        server = server->successor_.get(); // kept alive by the chain from this one
+    }
+}
+
+std::shared_ptr<ComputeServer> ComputeServer::successor() {
+    std::lock_guard lock(successorMutex_);
+    return successor_;
 }
 
 void ComputeServer::beginClose() {

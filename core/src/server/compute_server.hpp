@@ -172,6 +172,9 @@ public:
         if (!lost_.load(std::memory_order_acquire) && !driver_->lost()) return *this;
         return reopened();
     }
+    /// The newest open reached by reopens already made (never starts one): for accessors and
+    /// for close().
+    ComputeServer &followed();
     /// current() of `server`, as the shared pointer (the communicator keeps its servers);
     /// `reopen` false: only follows reopens already made (close() must not reopen).
     static std::shared_ptr<ComputeServer> newest(std::shared_ptr<ComputeServer> server,
@@ -224,6 +227,8 @@ private:
 public:
     /// ComputeClient::close(): no automatic reopen starts from this open any more.
     void beginClose();
+    /// The open that replaced this one after its fault; null when none did (yet).
+    std::shared_ptr<ComputeServer> successor();
 
 private:
     /// current() once lost: the successor, made now when devices.reopen_after_fault allows
@@ -352,6 +357,9 @@ private:
     std::map<std::pair<std::thread::id, StreamId>, std::shared_ptr<RecordingBuilder>>
         recordingStreams_;
     std::atomic<uint32_t> recordings_{0}; ///< recordingStreams_.size(), read without the lock
+    /// Recordings that were open on a predecessor when it was lost, with its open number: their
+    /// endRecording() here throws DeviceLost (guarded by recordingMutex_).
+    std::map<std::pair<std::thread::id, StreamId>, uint64_t> lostRecordings_;
 };
 
 } // namespace backplane::detail

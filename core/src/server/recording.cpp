@@ -245,10 +245,24 @@ Recording ComputeServer::endRecording(StreamId stream) {
     {
         std::lock_guard lock(recordingMutex_);
         const auto it = recordingStreams_.find({std::this_thread::get_id(), stream});
-        if (it == recordingStreams_.end())
+        if (it == recordingStreams_.end()) {
+            if (const auto lost = lostRecordings_.find({std::this_thread::get_id(), stream});
+                lost != lostRecordings_.end()) {
+                const uint64_t open = lost->second;
+                lostRecordings_.erase(lost);
+                throw Error(ErrorCode::DeviceLost,
+                            "endRecording: the recording of this thread's stream " +
+                                std::to_string(stream) + " began on open #" +
+                                std::to_string(open) + " of " + info().id() +
+                                ", which was lost and replaced by this open (#" +
+                                std::to_string(openNumber_) +
+                                ", devices.reopen_after_fault): record it again",
+                            info().backend);
+            }
             throw Error(ErrorCode::InvalidArgument,
                         "endRecording: this thread's stream " + std::to_string(stream) + " of " +
                             info().id() + " is not recording; call beginRecording() first");
+        }
         builder = std::move(it->second);
         recordingStreams_.erase(it);
         recordings_.store(static_cast<uint32_t>(recordingStreams_.size()),
