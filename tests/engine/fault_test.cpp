@@ -5,6 +5,7 @@
 // reopens in the same process while the dead client's futures, pinned buffers, buffers and
 // recordings fail cleanly. Both stream kinds (async worker threads, sync inline). Public API.
 #include <backplane/client.hpp>
+#include <backplane/communicator.hpp>
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>
 #include <backplane/log.hpp>
@@ -507,4 +508,46 @@ TEST_CASE("an automatic reopen does not wait for the lost open's running kernels
                   ended.message);
     gateOpen = true;
     watchdog.join();
+}
+
+TEST_CASE("a sticky fault in a collective: the rank's device is lost, its peer fails within the "
+          "communicator's timeout, and both reopen and all-reduce again") {
+    const auto runtime = runtimeWith(
+        "async", R"([{"device": 0, "operation": "collective", "nth": 1, "class": "sticky"}])");
+    std::vector<ComputeClient> devices = {runtime->open(runtime->select("host:0")),
+                                          runtime->open(runtime->select("host:1"))};
+    if ((devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
+        MESSAGE("no host collectives here (" << devices[0].device().collectives
+                                             << "): the case checks nothing");
+        return;
+    }
+    const auto allReduce = [](std::vector<ComputeClient> &clients) {
+        CommunicatorOptions options;
+        options.timeout = std::chrono::seconds(3);
+        auto rendezvous = localRendezvous();
+        Communicator comm = Communicator::create(clients, *rendezvous, options);
+        std::vector<Buffer> send, recv;
+        for (size_t r = 0; r < clients.size(); ++r) {
+            send.push_back(clients[r].createFrom<float>(std::vector<float>(1024, float(r + 1))));
+            recv.push_back(clients[r].empty(1024 * 4));
+        }
+        comm.allReduce(send, recv, 1024, DataType::F32, ReduceOp::Sum);
+        std::vector<std::vector<float>> out;
+        for (size_t r = 0; r < clients.size(); ++r) out.push_back(clients[r].readAs<float>(recv[r]));
+        return out;
+    };
+    const Outcome failed = outcomeOf([&] { (void)allReduce(devices); });
+    INFO(failed.message);
+    CHECK(failed.code != "");
+    const Outcome zero = outcomeOf([&] { devices[0].syncAll(); });
+    CHECK(zero.code == "device_lost");
+    CHECK_MESSAGE(contains(zero.message, "injected sticky fault (inject_faults): a collective"),
+                  zero.message);
+    // Both close and reopen; the all-reduce works again (the fault fired once).
+    for (ComputeClient &c : devices) CHECK(outcomeOf([&] { c.close(); }).code == "");
+    std::vector<ComputeClient> again = {runtime->open(runtime->select("host:0")),
+                                        runtime->open(runtime->select("host:1"))};
+    const auto out = allReduce(again);
+    CHECK(out[0] == std::vector<float>(1024, 3.0f));
+    CHECK(out[1] == std::vector<float>(1024, 3.0f));
 }
