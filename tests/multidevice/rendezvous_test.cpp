@@ -961,14 +961,19 @@ namespace {
 struct LogCapture {
     std::mutex mutex;
     std::vector<std::string> lines;
+    log::Level previous = log::level(log::Subsystem::Comm);
     LogCapture() {
+        log::setLevel(log::Subsystem::Comm, log::Level::Warn); // whatever BACKPLANE_LOG says
         log::setSink([this](log::Level level, log::Subsystem from, std::string_view message) {
             if (from != log::Subsystem::Comm || level < log::Level::Warn) return;
             std::lock_guard lock(mutex);
             lines.emplace_back(message);
         });
     }
-    ~LogCapture() { log::setSink(nullptr); }
+    ~LogCapture() {
+        log::setSink(nullptr);
+        log::setLevel(log::Subsystem::Comm, previous);
+    }
     /// The lines that contain `needle`.
     size_t count(const std::string &needle) {
         std::lock_guard lock(mutex);
