@@ -621,7 +621,7 @@ TEST_CASE("a tcp peer times out when process 0 never listens, naming the address
         CHECK(failure.code == ErrorCode::Timeout);
         CHECK_MESSAGE(
             contains(failure.message, "tcp rendezvous at 127.0.0.1:" + std::to_string(port) +
-                                          ": process 1 of 2 could not join "
+                                          ": process 1 of 2 could not connect to "
                                           "process 0 within 300 ms (last error: "
                                           "Connection refused)"),
             failure.message);
@@ -1112,7 +1112,7 @@ TEST_CASE("a tcp peer sends nothing to a process 0 that does not know the job's 
         // then names what it met.
         CHECK(failure.code == ErrorCode::Timeout);
         CHECK_MESSAGE(contains(failure.message,
-                               "process 1 of 2 could not join process 0 within 1 s"),
+                               "process 1 of 2 could not connect to process 0 within 1 s"),
                       failure.message);
         CHECK_MESSAGE(contains(failure.message, "the process listening there does not know this "
                                                 "job's token (another job's rendezvous on the "

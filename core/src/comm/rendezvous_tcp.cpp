@@ -745,7 +745,7 @@ private:
             const auto now = Clock::now();
             if (now >= deadline)
                 throw Error(ErrorCode::Timeout,
-                            what() + ": " + self + " could not join process 0 within " +
+                            what() + ": " + self + " could not connect to process 0 within " +
                                 formatDuration(connectTimeout) + " (last error: " + lastError +
                                 (lastAnswer.empty() || lastAnswer == lastError
                                      ? std::string()
