@@ -193,26 +193,6 @@ inline constexpr bool kWmmaShapes = true;
 /// cuInit's answer on a machine with the driver but no usable GPU.
 inline bool isNoDevice(Result r) { return r == CUDA_ERROR_NO_DEVICE; }
 inline bool isOutOfMemory(Result r) { return r == CUDA_ERROR_OUT_OF_MEMORY; }
-/// Errors after which the context is unusable (CUDA documents them as sticky).
-inline bool isSticky(Result r) {
-    switch (r) {
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_LAUNCH_FAILED:
-    case CUDA_ERROR_ECC_UNCORRECTABLE:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-    case CUDA_ERROR_INVALID_PC:
-    case CUDA_ERROR_ASSERT:
-    case CUDA_ERROR_LAUNCH_TIMEOUT:
-    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
-    case CUDA_ERROR_DEVICE_UNAVAILABLE:
-        return true;
-    default:
-        return false;
-    }
-}
 /// Sticky errors that a kernel's fault caused: after one the driver keeps the device unusable
 /// for the rest of the process (measured: docs/measurements/h200-2026-11-28-s4-cuda-sticky-
 /// fault.txt). Not the other sticky answers (a device another process holds, a context another
@@ -233,6 +213,11 @@ inline bool isFault(Result r) {
     default:
         return false;
     }
+}
+/// Errors after which the context is unusable (CUDA documents them as sticky): a kernel's
+/// fault, a context another library destroyed, a device another process holds.
+inline bool isSticky(Result r) {
+    return isFault(r) || r == CUDA_ERROR_CONTEXT_IS_DESTROYED || r == CUDA_ERROR_DEVICE_UNAVAILABLE;
 }
 /// Errors of a launch that the caller's arguments caused (block too large, resources).
 inline bool isLaunchError(Result r) {

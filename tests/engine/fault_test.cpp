@@ -30,15 +30,23 @@ using namespace backplane;
 
 namespace {
 
-/// A runtime whose host plugin has two devices and the given injected faults.
-std::unique_ptr<Runtime> runtimeWith(const std::string &mode, const std::string &faults) {
+/// The built host plugin alone, with two devices, `workers` threads per launch and the given
+/// injected faults.
+Config hostConfig(const std::string &mode, const std::string &faults,
+                  uint32_t reopenAfterFault = 0, uint32_t workers = 2) {
     Config config;
     config.pluginPathOverride = {HOST_MANIFEST};
     config.probeMode = ProbeMode::InProcess;
     config.cacheEnabled = false;
-    config.pluginOptions["host"] = R"({"devices": 2, "workers": 2, "mode": ")" + mode +
-                                   R"(", "inject_faults": )" + faults + "}";
-    return std::make_unique<Runtime>(config);
+    config.reopenAfterFault = reopenAfterFault;
+    config.pluginOptions["host"] = R"({"devices": 2, "workers": )" + std::to_string(workers) +
+                                   R"(, "mode": ")" + mode + R"(", "inject_faults": )" + faults +
+                                   "}";
+    return config;
+}
+
+std::unique_ptr<Runtime> runtimeWith(const std::string &mode, const std::string &faults) {
+    return std::make_unique<Runtime>(hostConfig(mode, faults));
 }
 
 std::atomic<bool> gateOpen{true};
@@ -347,14 +355,11 @@ TEST_CASE("devices.reopen_after_fault: the client reopens its device by itself, 
         CAPTURE(mode);
         // Three sticky faults, one per round: a round launches four times (the program's, the
         // faulting one, two checks), so launches #2, #6 and #10; two reopens allowed.
-        Config config;
-        config.pluginPathOverride = {HOST_MANIFEST};
-        config.probeMode = ProbeMode::InProcess;
-        config.cacheEnabled = false;
-        config.reopenAfterFault = 2;
-        config.pluginOptions["host"] =
-            R"({"devices": 2, "workers": 2, "mode": ")" + mode +
-            R"(", "inject_faults": [{"operation": "launch", "nth": 2}, {"operation": "launch", "nth": 6}, {"operation": "launch", "nth": 10}]})";
+        const Config config = hostConfig(mode,
+                                         R"([{"operation": "launch", "nth": 2},
+                                             {"operation": "launch", "nth": 6},
+                                             {"operation": "launch", "nth": 10}])",
+                                         2);
         std::vector<std::string> logged;
         std::mutex logMutex;
         log::setLevel(log::Subsystem::Streams, log::Level::Warn);
@@ -404,13 +409,8 @@ TEST_CASE("devices.reopen_after_fault: the client reopens its device by itself, 
 
 TEST_CASE("devices.reopen_after_fault: only the call that meets the fault fails, also when a "
           "plugin call (not a wait) reports it (review finding)") {
-    Config config;
-    config.pluginPathOverride = {HOST_MANIFEST};
-    config.probeMode = ProbeMode::InProcess;
-    config.cacheEnabled = false;
-    config.reopenAfterFault = 1;
-    config.pluginOptions["host"] =
-        R"({"workers": 2, "mode": "async", "inject_faults": [{"operation": "launch", "nth": 2}]})";
+    const Config config =
+        hostConfig("async", R"([{"operation": "launch", "nth": 2}])", 1);
     Runtime runtime(config);
     ComputeClient client = runtime.open(runtime.select("host:0"));
     Program program(client);
@@ -437,13 +437,8 @@ TEST_CASE("close() racing another thread's reopening call leaves the client clos
           "finding)") {
     for (int round = 0; round < 20; ++round) {
         CAPTURE(round);
-        Config config;
-        config.pluginPathOverride = {HOST_MANIFEST};
-        config.probeMode = ProbeMode::InProcess;
-        config.cacheEnabled = false;
-        config.reopenAfterFault = 5;
-        config.pluginOptions["host"] =
-            R"({"workers": 1, "mode": "async", "inject_faults": [{"operation": "launch", "nth": 2}]})";
+        const Config config =
+            hostConfig("async", R"([{"operation": "launch", "nth": 2}])", 5, 1);
         Runtime runtime(config);
         ComputeClient client = runtime.open(runtime.select("host:0"));
         ComputeClient copy = client;
@@ -461,14 +456,8 @@ TEST_CASE("close() racing another thread's reopening call leaves the client clos
 
 TEST_CASE("an automatic reopen does not wait for the lost open's running kernels; a recording "
           "begun before the fault ends with DeviceLost (review findings)") {
-    Config config;
-    config.pluginPathOverride = {HOST_MANIFEST};
-    config.probeMode = ProbeMode::InProcess;
-    config.cacheEnabled = false;
-    config.reopenAfterFault = 1;
     // Launch #1 the program's, #2 the gate, #3 the faulting one.
-    config.pluginOptions["host"] =
-        R"({"workers": 2, "mode": "async", "inject_faults": [{"operation": "launch", "nth": 3}]})";
+    const Config config = hostConfig("async", R"([{"operation": "launch", "nth": 3}])", 1);
     Runtime runtime(config);
     ComputeClient client = runtime.open(runtime.select("host:0"));
     Program program(client);
