@@ -8,6 +8,7 @@
 #include <backplane/communicator.hpp>
 #include <backplane/config.hpp>
 #include <backplane/error.hpp>
+#include <backplane/lang.hpp>
 #include <backplane/log.hpp>
 #include <backplane/runtime.hpp>
 
@@ -77,7 +78,11 @@ void gate(const bp_host_kernel_context *) {
     gatePassed = true;
 }
 
-KernelSource saxpyKernel() { return {"saxpy", {KernelVariant::host(&saxpy, "saxpy")}}; }
+/// x is only read, y read and written (KernelSource::access).
+KernelSource saxpyKernel() {
+    return {"saxpy", {KernelVariant::host(&saxpy, "saxpy")},
+            {BindingAccess::Read, BindingAccess::ReadWrite}};
+}
 KernelSource gateKernel() { return {"gate", {KernelVariant::host(&gate, "gate")}}; }
 
 Dispatch saxpyDispatch(const Buffer &x, const Buffer &y, float a, uint32_t n) {
@@ -249,12 +254,203 @@ TEST_CASE("a refused operation fails only itself; the device and its data go on"
             CHECK(refused.code == code);
             CHECK_MESSAGE(contains(refused.message, "injected refused fault (inject_faults)"),
                           refused.message);
-            // Nothing ran: y keeps what it had, and the device computes on.
-            CHECK(zero.readAs<float>(program.y) == std::vector<float>(256, 5.0f));
+            // What the operation was to write is poisoned: reading it names the failure instead
+            // of returning bytes the program never wrote (they stay 5.0, not what it asked for).
+            const Outcome poisoned = outcomeOf([&] { (void)zero.readAs<float>(program.y); });
+            CHECK(poisoned.code == "poisoned");
+            CHECK_MESSAGE(contains(poisoned.message, "injected refused fault (inject_faults)"),
+                          poisoned.message);
+            CHECK_MESSAGE(contains(poisoned.message, "host:0"), poisoned.message);
+            // So does work that reads it: a launch that reads y is not issued.
+            const Outcome dependent = outcomeOf([&] {
+                zero.execute(saxpyKernel(), saxpyDispatch(program.x, program.y, 1.0f, 256));
+            });
+            CHECK(dependent.code == "poisoned");
+            CHECK_MESSAGE(contains(dependent.message, "kernel 'saxpy' (not launched)"),
+                          dependent.message);
+            // What it only read keeps its data, and the device computes on.
+            CHECK(zero.readAs<float>(program.x) == std::vector<float>(256, 1.0f));
+            CHECK(computes(zero));
+            // Written again, y is valid again.
+            zero.write(program.y, 0, std::vector<float>(256, 5.0f).data(), 256 * 4);
             zero.execute(saxpyKernel(), saxpyDispatch(program.x, program.y, 1.0f, 256));
             CHECK(zero.readAs<float>(program.y) == std::vector<float>(256, 6.0f));
-            CHECK(computes(zero));
         }
+}
+
+// ----- what failed work leaves behind: poisoned ranges ------------------------------------------
+
+namespace {
+
+/// out[i] = 2 * in[i] (in is only read, out only written: lang declares it).
+const lang::Kernel &doubleKernel() {
+    static const lang::Kernel k = lang::kernel("double_it", [](lang::Builder &b) {
+        auto in = b.input<float>();
+        auto out = b.output<float>();
+        const auto i = b.globalId().x;
+        out[i] = in[i] * 2.0f;
+    });
+    return k;
+}
+
+Dispatch doubleDispatch(const Buffer &in, const Buffer &out) {
+    Dispatch d;
+    d.grid = {4};
+    d.block = {64};
+    d.bindings = {in, out};
+    return d;
+}
+
+std::vector<float> floats(size_t n, float value) { return std::vector<float>(n, value); }
+
+} // namespace
+
+TEST_CASE("a refused write poisons only its bytes; a fill or a write over them makes them valid "
+          "again; views see the poison of their range") {
+    // Copies on host:0: the first is createFrom, the second the write that fails.
+    const auto runtime =
+        runtimeWith("async", R"([{"device": 0, "operation": "copy", "nth": 2, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    Buffer y = zero.createFrom<float>(floats(256, 3.0f));
+    const std::vector<float> nines = floats(4, 9.0f);
+    CHECK(outcomeOf([&] { zero.write(y, 64, nines.data(), 16); }).code == "internal");
+    const Outcome whole = outcomeOf([&] { (void)zero.readAs<float>(y); });
+    CHECK(whole.code == "poisoned");
+    CHECK_MESSAGE(contains(whole.message, "bytes 64 to 80"), whole.message);
+    CHECK_MESSAGE(contains(whole.message, "write on host:0"), whole.message);
+    // The bytes around it are valid.
+    CHECK(zero.read(y, 0, 64).wait().size() == 64);
+    CHECK(zero.read(y, 80).wait().size() == 256 * 4 - 80);
+    CHECK(zero.readAs<float>(y.view(128)) == floats(224, 3.0f));
+    CHECK(outcomeOf([&] { (void)zero.readAs<float>(y.view(60, 8)); }).code == "poisoned");
+    std::vector<float> into(2);
+    CHECK(outcomeOf([&] { zero.readInto(y, 72, into.data(), 8); }).code == "poisoned");
+    // A fill over half of it: that half is valid, the other half not yet.
+    zero.fill(y, 0x3f800000u, 64, 8); // 1.0f
+    std::vector<float> half(2);
+    zero.readInto(y, 64, half.data(), 8);
+    CHECK(half == floats(2, 1.0f));
+    CHECK(outcomeOf([&] { (void)zero.read(y, 72, 8).wait(); }).code == "poisoned");
+    // A write over the rest: the whole buffer reads again.
+    zero.write(y, 72, nines.data(), 8);
+    std::vector<float> expected = floats(256, 3.0f);
+    expected[16] = expected[17] = 1.0f;
+    expected[18] = expected[19] = 9.0f;
+    CHECK(zero.readAs<float>(y) == expected);
+}
+
+TEST_CASE("a failure spreads to the work that reads what it left unwritten, named by its first "
+          "cause; a launch that writes the range makes it valid again") {
+    const auto runtime = runtimeWith(
+        "async", R"([{"device": 0, "operation": "launch", "nth": 1, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    Buffer a = zero.createFrom<float>(floats(256, 1.0f));
+    Buffer b = zero.createFrom<float>(floats(256, 7.0f));
+    Buffer c = zero.createFrom<float>(floats(256, 7.0f));
+    Buffer d = zero.createFrom<float>(floats(256, 7.0f));
+    const Outcome first = outcomeOf([&] { zero.execute(doubleKernel(), doubleDispatch(a, b)); });
+    CHECK(first.code == "launch");
+    // The input stays readable (lang declared it read-only); the output is poisoned.
+    CHECK(zero.readAs<float>(a) == floats(256, 1.0f));
+    const Outcome readB = outcomeOf([&] { (void)zero.readAs<float>(b); });
+    CHECK(readB.code == "poisoned");
+    CHECK_MESSAGE(contains(readB.message, "kernel 'double_it' on host:0"), readB.message);
+    CHECK_MESSAGE(contains(readB.message, "injected refused fault"), readB.message);
+    // A launch reading b is not issued, and what it writes takes b's poison (its first cause).
+    const Outcome second = outcomeOf([&] { zero.execute(doubleKernel(), doubleDispatch(b, c)); });
+    CHECK(second.code == "poisoned");
+    CHECK_MESSAGE(contains(second.message, "kernel 'double_it' (not launched)"), second.message);
+    const Outcome readC = outcomeOf([&] { (void)zero.readAs<float>(c); });
+    CHECK(readC.code == "poisoned");
+    CHECK_MESSAGE(contains(readC.message, "injected refused fault"), readC.message);
+    // So does a copy from it.
+    CHECK(outcomeOf([&] { zero.copy(b, 0, d, 0, 256 * 4); }).code == "poisoned");
+    CHECK(outcomeOf([&] { (void)zero.readAs<float>(d); }).code == "poisoned");
+    // Run again (the fault fired once), the launch writes b: valid, and the chain goes on.
+    zero.execute(doubleKernel(), doubleDispatch(a, b));
+    CHECK(zero.readAs<float>(b) == floats(256, 2.0f));
+    zero.execute(doubleKernel(), doubleDispatch(b, c));
+    CHECK(zero.readAs<float>(c) == floats(256, 4.0f));
+    zero.copy(c, 0, d, 0, 256 * 4);
+    CHECK(zero.readAs<float>(d) == floats(256, 4.0f));
+}
+
+TEST_CASE("a kernel that does not say what its bindings do: a failed launch poisons every "
+          "binding") {
+    const auto runtime = runtimeWith(
+        "async", R"([{"device": 0, "operation": "launch", "nth": 1, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    Buffer x = zero.createFrom<float>(floats(256, 1.0f));
+    Buffer y = zero.createFrom<float>(floats(256, 3.0f));
+    const KernelSource undescribed{"saxpy", {KernelVariant::host(&saxpy, "saxpy")}};
+    CHECK(outcomeOf([&] { zero.execute(undescribed, saxpyDispatch(x, y, 2.0f, 256)); }).code ==
+          "launch");
+    CHECK(outcomeOf([&] { (void)zero.readAs<float>(x); }).code == "poisoned");
+    CHECK(outcomeOf([&] { (void)zero.readAs<float>(y); }).code == "poisoned");
+}
+
+TEST_CASE("a failed copy to another device poisons the destination there; neither device is "
+          "otherwise touched") {
+    // host:1's first copy is the copy from host:0 (its buffer is created empty).
+    const auto runtime = runtimeWith(
+        "async", R"([{"device": 1, "operation": "copy", "nth": 1, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    ComputeClient one = runtime->open(runtime->select("host:1"));
+    Buffer src = zero.createFrom<float>(floats(256, 5.0f));
+    Buffer dst = one.empty(256 * 4);
+    CHECK(outcomeOf([&] { zero.copy(src, 0, one, dst, 0, 256 * 4); }).code == "internal");
+    const Outcome read = outcomeOf([&] { (void)one.readAs<float>(dst); });
+    CHECK(read.code == "poisoned");
+    CHECK_MESSAGE(contains(read.message, "copy from host:0 on host:1"), read.message);
+    CHECK(zero.readAs<float>(src) == floats(256, 5.0f));
+    CHECK(computes(zero));
+    CHECK(computes(one));
+    zero.copy(src, 0, one, dst, 0, 256 * 4);
+    CHECK(one.readAs<float>(dst) == floats(256, 5.0f));
+}
+
+TEST_CASE("a replay that would read poisoned data is not issued and poisons what it writes") {
+    // Fills on host:0: the second fails.
+    const auto runtime =
+        runtimeWith("async", R"([{"device": 0, "operation": "fill", "nth": 2, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    Buffer x = zero.createFrom<float>(floats(256, 1.0f));
+    Buffer y = zero.createFrom<float>(floats(256, 3.0f));
+    Buffer z = zero.createFrom<float>(floats(256, 0.0f));
+    zero.fill(z, 0u); // fill #1
+    zero.beginRecording();
+    zero.execute(doubleKernel(), doubleDispatch(y, z)); // reads y, writes z
+    const Recording recording = zero.endRecording();
+    CHECK(outcomeOf([&] { zero.fill(y, 0u); }).code == "internal"); // fill #2: y poisoned
+    const Outcome replayed = outcomeOf([&] { zero.replay(recording); });
+    CHECK(replayed.code == "poisoned");
+    CHECK_MESSAGE(contains(replayed.message, "replay (not issued)"), replayed.message);
+    CHECK_MESSAGE(contains(replayed.message, "fill on host:0"), replayed.message);
+    CHECK(outcomeOf([&] { (void)zero.readAs<float>(z); }).code == "poisoned");
+    CHECK(zero.readAs<float>(x) == floats(256, 1.0f));
+    // y written again: the replay runs and z is valid.
+    zero.write(y, 0, floats(256, 3.0f).data(), 256 * 4);
+    zero.replay(recording);
+    CHECK(zero.readAs<float>(z) == floats(256, 6.0f));
+}
+
+TEST_CASE("memory a poisoned buffer gave back starts clean for its next owner") {
+    const auto runtime =
+        runtimeWith("async", R"([{"device": 0, "operation": "copy", "nth": 1, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    const void *first = nullptr;
+    {
+        Buffer y = zero.empty(4096);
+        first = y.id();
+        CHECK(outcomeOf([&] { zero.write(y, 0, floats(1024, 1.0f).data(), 4096); }).code ==
+              "internal");
+        CHECK(outcomeOf([&] { (void)zero.readAs<float>(y); }).code == "poisoned");
+    }
+    Buffer next = zero.empty(4096);
+    // The same allocation came back (the slice cache keeps it for the next owner of its size),
+    // else the case would check nothing.
+    REQUIRE(next.id() == first);
+    CHECK(zero.readAs<float>(next).size() == 1024);
 }
 
 TEST_CASE("on a device without async streams a refused call fails at the next wait and loses "
@@ -539,4 +735,34 @@ TEST_CASE("a sticky fault in a collective: the rank's device is lost, its peer f
     const auto out = allReduce(again);
     CHECK(out[0] == std::vector<float>(1024, 3.0f));
     CHECK(out[1] == std::vector<float>(1024, 3.0f));
+}
+
+TEST_CASE("a refused collective poisons its receive buffer; the send buffer keeps its data") {
+    const auto runtime = runtimeWith(
+        "async", R"([{"device": 0, "operation": "collective", "nth": 1, "class": "refused"}])");
+    std::vector<ComputeClient> devices = {runtime->open(runtime->select("host:0")),
+                                          runtime->open(runtime->select("host:1"))};
+    if ((devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
+        MESSAGE("no host collectives here (" << devices[0].device().collectives
+                                             << "): the case checks nothing");
+        return;
+    }
+    CommunicatorOptions options;
+    options.timeout = std::chrono::seconds(3);
+    auto rendezvous = localRendezvous();
+    Communicator comm = Communicator::create(devices, *rendezvous, options);
+    std::vector<Buffer> send, recv;
+    for (size_t r = 0; r < devices.size(); ++r) {
+        send.push_back(devices[r].createFrom<float>(floats(1024, float(r + 1))));
+        recv.push_back(devices[r].createFrom<float>(floats(1024, -1.0f)));
+    }
+    const Outcome failed = outcomeOf(
+        [&] { comm.allReduce(send, recv, 1024, DataType::F32, ReduceOp::Sum); });
+    INFO(failed.message);
+    CHECK(failed.code != "");
+    const Outcome read = outcomeOf([&] { (void)devices[0].readAs<float>(recv[0]); });
+    CHECK(read.code == "poisoned");
+    CHECK_MESSAGE(contains(read.message, "injected refused fault"), read.message);
+    CHECK(devices[0].readAs<float>(send[0]) == floats(1024, 1.0f));
+    CHECK(computes(devices[0]));
 }

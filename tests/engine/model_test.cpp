@@ -8,7 +8,12 @@
 // BACKPLANE_MODEL_THREADS (4), BACKPLANE_MODEL_STREAMS (6), BACKPLANE_MODEL_OPS (operations per
 // thread, 0 = until the time is up), BACKPLANE_MODEL_TRACE=1 (print every operation),
 // BACKPLANE_MODEL_DISABLE=read-dropped,drop-deferred (operations never picked, to narrow a failure
-// down; create and drop still run where a thread must allocate or free).
+// down; create and drop still run where a thread must allocate or free),
+// BACKPLANE_MODEL_FAULTS=N (host plugin, N <= 16: N refused faults of each kind, launch, copy, fill and
+// replay, injected at random points through the plugin's inject_faults option; the model then
+// also tracks which words are poisoned, and checks that every read and every operation reading
+// them fails with Error(Poisoned) and nothing else: docs/streams.md "What failed work leaves
+// behind").
 // Thread t draws from an RNG seeded with seed + t, so one thread with a given seed and
 // BACKPLANE_MODEL_OPS replays the same operations exactly.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -36,6 +41,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <functional>
 #include <utility>
@@ -56,6 +62,7 @@ struct Settings {
     uint64_t opsPerThread = 0; ///< 0: until the time is up
     bool trace = false;
     std::vector<bool> disabled; ///< by Op: never picked
+    uint64_t faults = 0;        ///< refused faults injected per operation kind (host plugin)
 };
 
 Settings gSettings;
@@ -141,12 +148,14 @@ extern "C" __global__ void model_axpy(const unsigned int *x, unsigned int *y, Ax
 }
 )";
 
+/// x is read, y read and written (what a failed launch poisons: all of y).
 KernelSource axpyKernel() {
     return {"model_axpy",
             {KernelVariant::host(&axpyHost, "model_axpy"),
              KernelVariant::text(Dialect::Cuda, "model_axpy", kAxpyCuda),
              KernelVariant::text(Dialect::Hip, "model_axpy", kAxpyCuda),
-             KernelVariant::text(Dialect::Glsl, "main", kAxpyGlsl)}};
+             KernelVariant::text(Dialect::Glsl, "main", kAxpyGlsl)},
+            {BindingAccess::Read, BindingAccess::ReadWrite}};
 }
 
 // ----- the model --------------------------------------------------------------------------------
@@ -156,7 +165,18 @@ struct Tracked {
     Buffer buffer;
     std::vector<uint32_t> words;
     std::vector<uint8_t> known; ///< 0 where nothing defined was written (empty())
+    std::vector<uint8_t> poison; ///< 1 where a failed operation was to write (reads must fail)
     std::string name;           ///< "t1.b42": thread 1's 42nd buffer
+
+    bool poisoned(uint64_t first, uint64_t count) const {
+        return std::any_of(poison.begin() + static_cast<std::ptrdiff_t>(first),
+                           poison.begin() + static_cast<std::ptrdiff_t>(first + count),
+                           [](uint8_t p) { return p != 0; });
+    }
+    bool poisoned() const { return poisoned(0, poison.size()); }
+    void setPoison(uint64_t first, uint64_t count, bool on) {
+        std::fill_n(poison.begin() + static_cast<std::ptrdiff_t>(first), count, on ? 1 : 0);
+    }
 };
 using TrackedPtr = std::unique_ptr<Tracked>;
 
@@ -252,6 +272,8 @@ struct Shared {
     std::atomic<uint64_t> readsChecked{0};
     std::atomic<uint64_t> mismatches{0};
     std::atomic<uint64_t> errors{0};
+    std::atomic<uint64_t> injected{0};         ///< calls an injected fault refused
+    std::atomic<uint64_t> poisonedRefusals{0}; ///< calls refused for poisoned words, as expected
 
     std::mutex mailMutex;
     std::vector<std::vector<TrackedPtr>> inboxes;
@@ -394,6 +416,48 @@ private:
         return data;
     }
 
+    // ----- failures (BACKPLANE_MODEL_FAULTS) ----------------------------------------------------
+
+    /// How a call ended: it ran, it was refused for reading poisoned words, or an injected
+    /// fault refused it. Any other error ends the thread's run as an error.
+    enum class Result { Done, Poisoned, Injected };
+
+    template <class F> Result attempt(F &&call) {
+        try {
+            call();
+            return Result::Done;
+        } catch (const Error &e) {
+            if (e.code() == ErrorCode::Poisoned) {
+                note("  refused: %s", e.what());
+                return Result::Poisoned;
+            }
+            if (gSettings.faults != 0 &&
+                std::string_view(e.what()).find("injected refused fault") !=
+                    std::string_view::npos) {
+                shared_.injected.fetch_add(1);
+                note("  failed (injected): %s", e.what());
+                return Result::Injected;
+            }
+            throw;
+        }
+    }
+
+    /// A mismatch unless the call was refused with Error(Poisoned) exactly when the model says
+    /// it reads poisoned words.
+    void expectPoison(Result got, bool expected, const std::string &what) {
+        if (expected == (got == Result::Poisoned)) {
+            if (expected) shared_.poisonedRefusals.fetch_add(1);
+            return;
+        }
+        shared_.report(shared_.mismatches,
+                       "mismatch: seed=" + std::to_string(gSettings.seed) + " thread=" +
+                           std::to_string(index_) + " op=#" + std::to_string(op_) + ": " + what +
+                           (expected ? " reads poisoned words but was not refused with "
+                                       "Error(Poisoned)"
+                                     : " was refused with Error(Poisoned), but the model has no "
+                                       "poisoned word there"));
+    }
+
     // ----- operations --------------------------------------------------------------------------
 
     void perform(Op op) {
@@ -437,6 +501,7 @@ private:
         auto t = std::make_unique<Tracked>();
         t->words.resize(words);
         t->known.resize(words);
+        t->poison.resize(words);
         t->name = "t" + std::to_string(index_) + ".b" + std::to_string(serial_++);
         return t;
     }
@@ -445,8 +510,11 @@ private:
         TrackedPtr t = track(pickWords());
         t->words = randomWords(t->words.size());
         std::fill(t->known.begin(), t->known.end(), 1);
-        t->buffer = client_.create(t->words.data(), t->words.size() * 4);
         note("create %s %llu B", t->name.c_str(), bytes(t->words.size()));
+        const Result r =
+            attempt([&] { t->buffer = client_.create(t->words.data(), t->words.size() * 4); });
+        expectPoison(r, false, "create");
+        if (r != Result::Done) return; // no Buffer came back
         live_.push_back(std::move(t));
     }
 
@@ -462,9 +530,24 @@ private:
         const Range r = pickRange(t.words.size());
         const std::vector<uint32_t> data = randomWords(r.count);
         note("write %s [%llu, +%llu) B", t.name.c_str(), bytes(r.first), bytes(r.count));
-        client_.write(t.buffer, r.first * 4, data.data(), r.count * 4);
-        std::copy(data.begin(), data.end(), t.words.data() + r.first);
-        std::fill_n(t.known.data() + r.first, r.count, 1);
+        const Result done =
+            attempt([&] { client_.write(t.buffer, r.first * 4, data.data(), r.count * 4); });
+        expectPoison(done, false, "write");
+        wrote(t, r, done, [&] {
+            std::copy(data.begin(), data.end(), t.words.data() + r.first);
+            std::fill_n(t.known.data() + r.first, r.count, 1);
+        });
+    }
+
+    /// The model's side of an operation that writes `r` of `t` and ended with `done`: `apply`
+    /// when it ran (the range is valid), else the range is poisoned.
+    template <class F> static void wrote(Tracked &t, Range r, Result done, F &&apply) {
+        if (done == Result::Done) {
+            apply();
+            t.setPoison(r.first, r.count, false);
+        } else {
+            t.setPoison(r.first, r.count, true);
+        }
     }
 
     void read() {
@@ -474,26 +557,36 @@ private:
         bool right = true;
         if (how == 0) {
             note("read %s all (readAs)", t.name.c_str());
-            const std::vector<uint32_t> got = client_.readAs<uint32_t>(t.buffer);
-            right = check(t.name, 0, got.data(), got.size(), t.words.data(), t.known.data(),
-                          t.words.size(), "read (readAs)");
+            std::vector<uint32_t> got;
+            const Result done = attempt([&] { got = client_.readAs<uint32_t>(t.buffer); });
+            expectPoison(done, t.poisoned(), "read (readAs) of " + t.name);
+            if (done == Result::Done)
+                right = check(t.name, 0, got.data(), got.size(), t.words.data(), t.known.data(),
+                              t.words.size(), "read (readAs)");
         } else if (how == 1) {
             const Range r = pickRange(t.words.size());
             note("read %s [%llu, +%llu) B (future)", t.name.c_str(), bytes(r.first),
                  bytes(r.count));
-            const std::vector<std::byte> got =
-                client_.read(t.buffer, r.first * 4, r.count * 4).wait();
+            std::vector<std::byte> got;
+            const Result done =
+                attempt([&] { got = client_.read(t.buffer, r.first * 4, r.count * 4).wait(); });
+            expectPoison(done, t.poisoned(r.first, r.count), "read (future) of " + t.name);
             const std::vector<uint32_t> words = toWords(got);
-            right = check(t.name, r.first, words.data(), words.size(), t.words.data() + r.first,
-                          t.known.data() + r.first, r.count, "read (future)");
+            if (done == Result::Done)
+                right = check(t.name, r.first, words.data(), words.size(),
+                              t.words.data() + r.first, t.known.data() + r.first, r.count,
+                              "read (future)");
         } else {
             const Range r = pickRange(t.words.size());
             note("read %s [%llu, +%llu) B (into memory)", t.name.c_str(), bytes(r.first),
                  bytes(r.count));
             std::vector<uint32_t> got(r.count);
-            client_.readInto(t.buffer, r.first * 4, got.data(), r.count * 4);
-            right = check(t.name, r.first, got.data(), got.size(), t.words.data() + r.first,
-                          t.known.data() + r.first, r.count, "read (into memory)");
+            const Result done = attempt(
+                [&] { client_.readInto(t.buffer, r.first * 4, got.data(), r.count * 4); });
+            expectPoison(done, t.poisoned(r.first, r.count), "read (into memory) of " + t.name);
+            if (done == Result::Done)
+                right = check(t.name, r.first, got.data(), got.size(), t.words.data() + r.first,
+                              t.known.data() + r.first, r.count, "read (into memory)");
         }
         // A wrong buffer would repeat its error in every later read: it leaves the run.
         if (!right) drop(at);
@@ -505,7 +598,9 @@ private:
         const Range r = pickRange(t.words.size());
         note("read %s [%llu, +%llu) B, future dropped", t.name.c_str(), bytes(r.first),
              bytes(r.count));
-        { ReadFuture dropped = client_.read(t.buffer, r.first * 4, r.count * 4); }
+        const Result done =
+            attempt([&] { ReadFuture dropped = client_.read(t.buffer, r.first * 4, r.count * 4); });
+        expectPoison(done, t.poisoned(r.first, r.count), "read (future dropped) of " + t.name);
         if (rng_.percent(20)) drop(at);
     }
 
@@ -532,8 +627,10 @@ private:
         d.known.assign(t.known.data() + r.first, t.known.data() + r.first + r.count);
         note("read %s [%llu, +%llu) B, future kept", t.name.c_str(), bytes(r.first),
              bytes(r.count));
-        d.future = client_.read(t.buffer, r.first * 4, r.count * 4);
-        deferred_.push_back(std::move(d));
+        const Result done =
+            attempt([&] { d.future = client_.read(t.buffer, r.first * 4, r.count * 4); });
+        expectPoison(done, t.poisoned(r.first, r.count), "read (future kept) of " + t.name);
+        if (done == Result::Done) deferred_.push_back(std::move(d));
     }
 
     // Waits for a kept read and checks it, or drops its future unwaited.
@@ -564,9 +661,13 @@ private:
         const auto [rs, rd] = *ranges;
         note("copy %s [%llu, +%llu) B -> %s at %llu", src.name.c_str(), bytes(rs.first),
              bytes(rs.count), dst.name.c_str(), bytes(rd.first));
-        client_.copy(src.buffer, rs.first * 4, dst.buffer, rd.first * 4, rs.count * 4);
-        std::copy_n(src.words.data() + rs.first, rs.count, dst.words.data() + rd.first);
-        std::copy_n(src.known.data() + rs.first, rs.count, dst.known.data() + rd.first);
+        const Result done = attempt(
+            [&] { client_.copy(src.buffer, rs.first * 4, dst.buffer, rd.first * 4, rs.count * 4); });
+        expectPoison(done, src.poisoned(rs.first, rs.count), "copy from " + src.name);
+        wrote(dst, rd, done, [&] {
+            std::copy_n(src.words.data() + rs.first, rs.count, dst.words.data() + rd.first);
+            std::copy_n(src.known.data() + rs.first, rs.count, dst.known.data() + rd.first);
+        });
         // Dropping the source while the copy may still be pending.
         if (from != to && rng_.percent(15)) drop(from);
     }
@@ -618,24 +719,28 @@ private:
         const uint32_t pattern = rng_.percent(50) ? rng_.word() : kPatterns[rng_.below(3)];
         const uint64_t how = rng_.below(10);
         Range r;
+        Result done = Result::Done;
         if (how < 2) {
             r = {0, t.words.size()};
             note("fill %s all with %s", t.name.c_str(), hex(pattern).c_str());
-            client_.fill(t.buffer, pattern);
+            done = attempt([&] { client_.fill(t.buffer, pattern); });
         } else if (how < 3) {
             r.first = rng_.below(t.words.size());
             r.count = t.words.size() - r.first;
             note("fill %s from %llu B to the end with %s", t.name.c_str(), bytes(r.first),
                  hex(pattern).c_str());
-            client_.fill(t.buffer, pattern, r.first * 4);
+            done = attempt([&] { client_.fill(t.buffer, pattern, r.first * 4); });
         } else {
             r = pickRange(t.words.size());
             note("fill %s [%llu, +%llu) B with %s", t.name.c_str(), bytes(r.first),
                  bytes(r.count), hex(pattern).c_str());
-            client_.fill(t.buffer, pattern, r.first * 4, r.count * 4);
+            done = attempt([&] { client_.fill(t.buffer, pattern, r.first * 4, r.count * 4); });
         }
-        std::fill_n(t.words.data() + r.first, r.count, pattern);
-        std::fill_n(t.known.data() + r.first, r.count, 1);
+        expectPoison(done, false, "fill");
+        wrote(t, r, done, [&] {
+            std::fill_n(t.words.data() + r.first, r.count, pattern);
+            std::fill_n(t.known.data() + r.first, r.count, 1);
+        });
     }
 
     void kernel() {
@@ -655,8 +760,15 @@ private:
     }
 
     // y[ry] = a * x[rx] + y[ry] with a random a, on the device and in the model.
+    // The kernel reads all of x and y (its bindings are whole buffers) and writes all of y:
+    // refused when either has a poisoned word, and y is poisoned whenever it did not run.
     void launchAxpy(const Tracked &x, Range rx, Tracked &y, Range ry, uint32_t delayUs) {
-        applyAxpy(x, rx, y, ry, issueAxpy(x, rx, y, ry, delayUs));
+        const bool poisoned = x.poisoned() || y.poisoned();
+        uint32_t a = 0;
+        const Result done = attempt([&] { a = issueAxpy(x, rx, y, ry, delayUs); });
+        expectPoison(done, poisoned, "kernel on x=" + x.name + ", y=" + y.name);
+        if (done == Result::Done) applyAxpy(x, rx, y, ry, a);
+        else y.setPoison(0, y.poison.size(), true);
     }
 
     // The launch alone (recorded when the stream records); returns its factor a.
@@ -694,7 +806,12 @@ private:
     // each replay. The recording is dropped before this returns: it never outlives the
     // buffers' ownership by this thread.
     void recordAndReplay() {
-        std::vector<std::function<void()>> effects; // the model's side of each recorded op
+        // The model's side of each recorded op: its effect, and the ranges it reads and writes.
+        struct Effect {
+            std::function<void()> apply;
+            std::vector<std::pair<Tracked *, Range>> reads, writes;
+        };
+        std::vector<Effect> effects;
         const uint32_t tempPattern = rng_.word();
         note("begin recording");
         client_.beginRecording();
@@ -713,7 +830,9 @@ private:
                     delayUs = static_cast<uint32_t>(1 + rng_.below(300));
                 note("  (recorded) ");
                 const uint32_t a = issueAxpy(x, rx, y, ry, delayUs);
-                effects.push_back([&x, rx, &y, ry, a] { applyAxpy(x, rx, y, ry, a); });
+                effects.push_back({[&x, rx, &y, ry, a] { applyAxpy(x, rx, y, ry, a); },
+                                   {{&x, Range{0, x.words.size()}}, {&y, Range{0, y.words.size()}}},
+                                   {{&y, Range{0, y.words.size()}}}});
             } else if (what == 1) {
                 Tracked &x = *live_[pickLive()];
                 const auto ranges = pickPair(x.words.size(), y.words.size(), &x == &y);
@@ -722,20 +841,26 @@ private:
                 note("  (recorded) copy %s [%llu, +%llu) B -> %s at %llu", x.name.c_str(),
                      bytes(rs.first), bytes(rs.count), y.name.c_str(), bytes(rd.first));
                 client_.copy(x.buffer, rs.first * 4, y.buffer, rd.first * 4, rs.count * 4);
-                effects.push_back([&x, rs, &y, rd] {
-                    std::copy_n(x.words.data() + rs.first, rs.count, y.words.data() + rd.first);
-                    std::copy_n(x.known.data() + rs.first, rs.count, y.known.data() + rd.first);
-                });
+                effects.push_back({[&x, rs, &y, rd] {
+                                       std::copy_n(x.words.data() + rs.first, rs.count,
+                                                   y.words.data() + rd.first);
+                                       std::copy_n(x.known.data() + rs.first, rs.count,
+                                                   y.known.data() + rd.first);
+                                   },
+                                   {{&x, rs}},
+                                   {{&y, rd}}});
             } else if (what == 2) {
                 const Range r = pickRange(y.words.size());
                 const uint32_t pattern = rng_.word();
                 note("  (recorded) fill %s [%llu, +%llu) B with %s", y.name.c_str(),
                      bytes(r.first), bytes(r.count), hex(pattern).c_str());
                 client_.fill(y.buffer, pattern, r.first * 4, r.count * 4);
-                effects.push_back([&y, r, pattern] {
-                    std::fill_n(y.words.data() + r.first, r.count, pattern);
-                    std::fill_n(y.known.data() + r.first, r.count, 1);
-                });
+                effects.push_back({[&y, r, pattern] {
+                                       std::fill_n(y.words.data() + r.first, r.count, pattern);
+                                       std::fill_n(y.known.data() + r.first, r.count, 1);
+                                   },
+                                   {},
+                                   {{&y, r}}});
             } else {
                 // A temporary allocated while recording, dropped right after: only the
                 // recording keeps its memory (tracel-ai/cubecl#1612).
@@ -745,10 +870,14 @@ private:
                      bytes(r.count), hex(tempPattern).c_str(), y.name.c_str(), bytes(r.first));
                 client_.fill(temporary, tempPattern);
                 client_.copy(temporary, 0, y.buffer, r.first * 4, r.count * 4);
-                effects.push_back([&y, r, tempPattern] {
-                    std::fill_n(y.words.data() + r.first, r.count, tempPattern);
-                    std::fill_n(y.known.data() + r.first, r.count, 1);
-                });
+                // (The temporary is written by the recording before it is read: never poisoned
+                // when read.)
+                effects.push_back({[&y, r, tempPattern] {
+                                       std::fill_n(y.words.data() + r.first, r.count, tempPattern);
+                                       std::fill_n(y.known.data() + r.first, r.count, 1);
+                                   },
+                                   {},
+                                   {{&y, r}}});
             }
         }
         const Recording recording = client_.endRecording();
@@ -760,8 +889,26 @@ private:
                 stream_ = rng_.below(gSettings.streams);
             StreamGuard guard(stream_);
             note("replay on stream %llu", ull(stream_));
-            client_.replay(recording);
-            for (const auto &effect : effects) effect();
+            // The engine's rule: walking the ops in order, one that reads poisoned words (not
+            // written by an earlier op of the replay) means the replay is not issued, and every
+            // range it writes is poisoned; otherwise what each op writes is valid.
+            bool refused = false;
+            for (const Effect &e : effects) {
+                for (const auto &[t, r] : e.reads) refused = refused || t->poisoned(r.first, r.count);
+                if (refused) break;
+                for (const auto &[t, r] : e.writes) t->setPoison(r.first, r.count, false);
+            }
+            const auto poisonWrites = [&] {
+                for (const Effect &e : effects)
+                    for (const auto &[t, r] : e.writes) t->setPoison(r.first, r.count, true);
+            };
+            if (refused) poisonWrites();
+            const Result done = attempt([&] { client_.replay(recording); });
+            expectPoison(done, refused, "replay");
+            if (done == Result::Done)
+                for (const Effect &effect : effects) effect.apply();
+            else if (done == Result::Injected)
+                poisonWrites();
             // Memory allocated now must never be memory the recording uses: a buffer with
             // known contents, so a replay writing into it shows at its next read.
             if (rng_.percent(40) && live_.size() < kMaxLiveBuffers) create();
@@ -795,17 +942,20 @@ private:
         if (gSettings.streams > 1)
             stream_ = (stream_ + 1 + rng_.below(gSettings.streams - 1)) % gSettings.streams;
         StreamGuard guard(stream_);
+        Result done = Result::Done;
         if (rng_.percent(50)) {
             const uint32_t pattern = rng_.word();
             note("fill %s all with %s", t->name.c_str(), hex(pattern).c_str());
-            client_.fill(t->buffer, pattern);
+            done = attempt([&] { client_.fill(t->buffer, pattern); });
             std::fill(t->words.begin(), t->words.end(), pattern);
         } else {
             t->words = randomWords(words);
             note("write %s all", t->name.c_str());
-            client_.write(t->buffer, 0, t->words.data(), words * 4);
+            done = attempt([&] { client_.write(t->buffer, 0, t->words.data(), words * 4); });
         }
+        expectPoison(done, false, "fill or write of recycled memory");
         std::fill(t->known.begin(), t->known.end(), 1);
+        t->setPoison(0, words, done != Result::Done);
         live_.push_back(std::move(t));
     }
 
@@ -851,9 +1001,12 @@ private:
             stream_ = rng_.below(gSettings.streams);
             StreamGuard guard(stream_);
             note("final read %s", t->name.c_str());
-            const std::vector<uint32_t> got = client_.readAs<uint32_t>(t->buffer);
-            check(t->name, 0, got.data(), got.size(), t->words.data(), t->known.data(),
-                  t->words.size(), "final read");
+            std::vector<uint32_t> got;
+            const Result done = attempt([&] { got = client_.readAs<uint32_t>(t->buffer); });
+            expectPoison(done, t->poisoned(), "final read of " + t->name);
+            if (done == Result::Done)
+                check(t->name, 0, got.data(), got.size(), t->words.data(), t->known.data(),
+                      t->words.size(), "final read");
         }
         live_.clear();
     }
@@ -982,6 +1135,20 @@ TEST_CASE("random operations on shared streams leave every buffer as a sequentia
         StreamGuard guard(0);
         for (auto &inbox : shared.inboxes)
             for (TrackedPtr &t : inbox) {
+                if (t->poisoned()) { // every read of it must be refused
+                    bool refused = false;
+                    try {
+                        (void)client.readAs<uint32_t>(t->buffer);
+                    } catch (const Error &e) {
+                        refused = e.code() == ErrorCode::Poisoned;
+                    }
+                    if (!refused)
+                        shared.report(shared.mismatches,
+                                      "mismatch: seed=" + std::to_string(s.seed) + " buffer " +
+                                          t->name + " left in a mailbox has poisoned words but "
+                                                    "reads back");
+                    continue;
+                }
                 const std::vector<uint32_t> got = client.readAs<uint32_t>(t->buffer);
                 shared.readsChecked.fetch_add(1);
                 ++leftovers;
@@ -1010,6 +1177,11 @@ TEST_CASE("random operations on shared streams leave every buffer as a sequentia
                 static_cast<unsigned long long>(shared.mismatches.load()));
     std::printf("model: %.1f s, %u buffer(s) checked from mailboxes, errors=%llu\n", elapsed,
                 leftovers, static_cast<unsigned long long>(shared.errors.load()));
+    if (s.faults != 0)
+        std::printf("model: %llu call(s) failed by injected faults, %llu refused for poisoned "
+                    "words as the model expected\n",
+                    static_cast<unsigned long long>(shared.injected.load()),
+                    static_cast<unsigned long long>(shared.poisonedRefusals.load()));
     std::fflush(stdout);
     CHECK(shared.errors.load() == 0);
     CHECK(shared.mismatches.load() == 0);
@@ -1086,13 +1258,32 @@ int main(int argc, char **argv) {
         gSettings.opsPerThread = unsignedKnob("BACKPLANE_MODEL_OPS", 0, 0);
         gSettings.trace = unsignedKnob("BACKPLANE_MODEL_TRACE", 0, 0) != 0;
         gSettings.disabled = disabledKnob();
+        gSettings.faults = unsignedKnob("BACKPLANE_MODEL_FAULTS", 0, 0);
     } catch (const std::exception &e) {
         std::printf("error: %s\n", e.what());
         return 1;
     }
+    std::string optionsJson = options ? options : "{}";
+    if (gSettings.faults != 0) {
+        // Refused faults of each kind at random operation counts (the plugin counts per device,
+        // over every thread), appended to the options object.
+        Rng rng(gSettings.seed ^ 0x5eedfa17ull);
+        std::string faults;
+        for (const char *operation : {"launch", "copy", "fill", "replay"})
+            for (uint64_t i = 0; i < gSettings.faults; ++i)
+                faults += std::string(faults.empty() ? "" : ",") + R"({"operation": ")" +
+                          operation + R"(", "nth": )" + std::to_string(1 + rng.below(3000)) +
+                          R"(, "class": "refused"})";
+        const size_t close = optionsJson.rfind('}');
+        const bool empty = optionsJson.find_first_not_of(" \t\n{") == close;
+        optionsJson.insert(close, std::string(empty ? "" : ",") + R"("inject_faults": [)" +
+                                      faults + "]");
+        std::printf("model: %llu refused fault(s) of each kind injected\n",
+                    static_cast<unsigned long long>(gSettings.faults));
+    }
     try {
         gPlugin = detail::PluginLibrary::open(
-            library, name, {.cacheDir = "", .optionsJson = options ? options : "{}"});
+            library, name, {.cacheDir = "", .optionsJson = optionsJson});
         const bp_probe_result probe = gPlugin->probe();
         if (probe.device_count == 0) {
             std::printf("SKIP: plugin %s reports no device\n", name);

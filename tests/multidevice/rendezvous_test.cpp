@@ -1298,7 +1298,7 @@ TEST_CASE("a directory rendezvous is private to its user: created 0700, refused 
     CHECK_MESSAGE(contains(linked.message, "the path is a symbolic link; give the directory itself"),
                   linked.message);
     // Also written "link/" or "link/." (lstat would follow those; review finding).
-    for (const std::string spelling : {link.string() + "/", link.string() + "/."}) {
+    for (const std::string &spelling : {link.string() + "/", link.string() + "/."}) {
         CAPTURE(spelling);
         const Failure respelled = failureOf([&] { directoryRendezvous(spelling, 0, 2); });
         CHECK_MESSAGE(contains(respelled.message, "the path is a symbolic link"),

@@ -209,7 +209,10 @@ private:
 /// use from any thread at once. Every operation runs on the calling thread's current stream.
 /// Errors: every function throws backplane::Error (OutOfMemory with the request size and the
 /// usage, Compile with the kernel name and compiler log, Launch, DeviceLost...); after an
-/// OutOfMemory the client stays usable.
+/// OutOfMemory the client stays usable. An operation that fails after its arguments were
+/// accepted poisons the bytes it was to write: reading them (or running work that reads them)
+/// throws Error(Poisoned) naming that failure until they are written again (docs/streams.md,
+/// "What failed work leaves behind").
 class ComputeClient {
 public:
     /// The device this client drives.

@@ -25,6 +25,8 @@ enum class ErrorCode {
     PluginLoad,       ///< a plugin could not be loaded (message: file and loader text)
     NoMatchingDevice, ///< device selection found nothing and `required` was set
     Remote,           ///< a peer of a collective failed, left or timed out (communicator unusable)
+    Poisoned,         ///< the bytes read were to be written by an operation that failed (the
+                      ///< message names it); write them again before reading them
 };
 
 /// Stable lower-case name of a code ("out_of_memory"), as used in JSON output.

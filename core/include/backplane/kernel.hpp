@@ -76,12 +76,24 @@ struct KernelVariant {
     }
 };
 
+/// What a kernel does with the buffer of one binding.
+enum class BindingAccess : uint8_t { ReadWrite, Read, Write };
+
 /// A kernel: a name (used in errors, logs and cache keys) and its variants. Plain value; the
 /// server caches compiled kernels by a hash of the chosen variant, so a KernelSource may be
 /// rebuilt per call at no compile cost.
 struct KernelSource {
     std::string name;
     std::vector<KernelVariant> variants;
+    /// What each binding does with its buffer, in binding order; bindings past the end of the
+    /// list (all of them when it is empty) count as ReadWrite. It decides what a launch that
+    /// fails leaves poisoned and what a launch that runs makes valid again (docs/streams.md,
+    /// "What failed work leaves behind"): a Read binding must hold valid data, a Write binding
+    /// is poisoned when the launch fails and valid again when it runs, a ReadWrite binding is
+    /// both. lang::Kernel fills it from its input/output/inout declarations; declare it for a
+    /// hand-written kernel so that its inputs stay readable after a failed launch and its outputs
+    /// may be rewritten by it.
+    std::vector<BindingAccess> access{};
 };
 
 /// Three launch dimensions (x, y, z) where a dimension not given is 1: `grid = {4}` is

@@ -25,6 +25,10 @@ KernelSource variantsOf(const std::shared_ptr<const detail::Module> &module) {
     const detail::Module &m = *module;
     KernelSource source;
     source.name = m.name;
+    for (const detail::BindingDecl &b : m.bindings)
+        source.access.push_back(b.access == detail::Access::Read    ? BindingAccess::Read
+                                : b.access == detail::Access::Write ? BindingAccess::Write
+                                                                    : BindingAccess::ReadWrite);
     source.variants.push_back(KernelVariant::text(
         Dialect::Cuda, m.entryPoint, detail::generateSource(m, Dialect::Cuda), {"--fmad=false"}));
     source.variants.push_back(KernelVariant::text(

@@ -20,6 +20,7 @@ const char *toString(ErrorCode code) noexcept {
     case ErrorCode::PluginLoad: return "plugin_load";
     case ErrorCode::NoMatchingDevice: return "no_matching_device";
     case ErrorCode::Remote: return "remote";
+    case ErrorCode::Poisoned: return "poisoned";
     }
     return "internal";
 }

@@ -1,6 +1,7 @@
 // Slice: one allocation carved from a pool page; what a public Buffer owns.
 #pragma once
 
+#include "memory/poison.hpp"
 #include "memory/slice_cache.hpp"
 #include "stream/hazards.hpp"
 
@@ -114,6 +115,9 @@ struct Slice {
     /// a chain). Guarded by the engine lock while the slice is referenced; a slice nobody
     /// references (dying, or in a cache) is touched only by the thread that holds it.
     Hazards uses;
+    /// Ranges a failed operation was to write: reading them throws Error(Poisoned) until they
+    /// are written again. Reset for a reused slice's next owner.
+    Poison poison;
 
     Slice() = default;
     Slice(const Slice &) = delete;
@@ -125,6 +129,14 @@ struct Slice {
         record.hazards = std::move(uses);
         queue->push(std::move(record));
     }
+};
+
+/// Bytes an operation reads or writes: [begin, end) of a slice, counted from its start. The
+/// operation holds the slice.
+struct SliceRange {
+    Slice *slice = nullptr;
+    uint64_t begin = 0;
+    uint64_t end = 0;
 };
 
 /// The deleter of pool slices (`std::shared_ptr<Slice>(slice, SliceRecycler{})`): runs when the

@@ -151,12 +151,7 @@ void ComputeServer::markLost(const std::string &why, std::optional<uint32_t> slo
     {
         std::lock_guard lock(lostMutex_);
         if (lost_.load()) return;
-        const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-        std::tm utc{};
-        ::gmtime_r(&now, &utc);
-        char when[32];
-        std::strftime(when, sizeof when, "%H:%M:%S UTC", &utc);
-        lostReason_ = why + " (since " + when +
+        lostReason_ = why + " (since " + utcTimeOfDay() +
                       (slot ? ", seen on stream slot " + std::to_string(*slot) : std::string()) +
                       ")";
         freeQueue_->markLost(lostReason_);
@@ -368,6 +363,7 @@ std::shared_ptr<Slice> ComputeServer::reuseCached(Slice *slice, uint64_t size, u
     }
     slice->size = size;
     slice->homeSlot = slot;
+    slice->poison.reset(); // the old owner's failures are not the new owner's
     return std::shared_ptr<Slice>(slice, SliceRecycler{});
 }
 
@@ -671,6 +667,35 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     // compile, no plugin call, on every device alike.
     const auto zero = [](const Dims3 &d) { return d[0] == 0 || d[1] == 0 || d[2] == 0; };
     if (zero(dispatch.block) || (!dispatch.gridBuffer && zero(dispatch.grid))) return;
+    // What the launch reads must hold valid data, and what it writes is poisoned if it fails
+    // (docs/streams.md, "What failed work leaves behind"); bindings the kernel does not
+    // describe read and write.
+    const uint32_t slot = slotOf(stream);
+    boost::container::small_vector<SliceRange, 17> reads;
+    boost::container::small_vector<SliceRange, 16> writes;
+    for (size_t i = 0; i < dispatch.bindings.size(); ++i) {
+        const Buffer &b = dispatch.bindings[i];
+        const SliceRange range{slices[i]->get(), b.offset(), b.offset() + b.size()};
+        const BindingAccess access =
+            i < kernel.access.size() ? kernel.access[i] : BindingAccess::ReadWrite;
+        if (access != BindingAccess::Write) reads.push_back(range);
+        if (access != BindingAccess::Read) writes.push_back(range);
+    }
+    if (dispatch.gridBuffer) {
+        const uint64_t at = dispatch.gridBuffer.offset() + dispatch.gridOffset;
+        reads.push_back({slices.back()->get(), at, at + 3 * sizeof(uint32_t)});
+    }
+    const std::span<const SliceRange> read(reads.data(), reads.size());
+    const std::span<const SliceRange> written(writes.data(), writes.size());
+    if (const Poison::Hit hit = firstPoisoned(read); hit.why)
+        refuseDependent(hit, written, "kernel '" + kernel.name + "' (not launched)");
+    issueWriting(written, slot, [&] { return "kernel '" + kernel.name + "'"; },
+                 [&] { launchChecked(stream, kernel, dispatch, slices); });
+}
+
+void ComputeServer::launchChecked(StreamId stream, const KernelSource &kernel,
+                                  const Dispatch &dispatch,
+                                  const boost::container::small_vector<SlicePtr, 17> &slices) {
     const TraceSpan span; // from the lookup (and a first compile) to the launch's submission
     const auto traced = [&] {
         if (span)

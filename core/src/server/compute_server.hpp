@@ -69,6 +69,28 @@ private:
 /// view); offsets are the caller's, counted from the buffer's start.
 void checkBufferRange(const Buffer &buffer, uint64_t offset, uint64_t size, const char *what);
 
+/// The time of day now, "20:31:02 UTC" (failure messages).
+std::string utcTimeOfDay();
+
+/// The first poisoned range among `read` (a failed operation was to write it); none (a null
+/// `why`) in one atomic load per range while nothing is poisoned.
+inline Poison::Hit firstPoisoned(std::span<const SliceRange> read) {
+    for (const SliceRange &r : read)
+        if (r.slice->poison.any())
+            if (Poison::Hit hit = r.slice->poison.find(r.begin, r.end); hit.why) return hit;
+    return {};
+}
+/// An operation named `what` that would read the poisoned `hit` is not issued: what it was to
+/// write takes the same poison (the failure spreads to the work that depends on it, named by
+/// its first cause), and Error(Poisoned) says why.
+[[noreturn]] void refuseDependent(const Poison::Hit &hit, std::span<const SliceRange> written,
+                                  const std::string &what);
+/// Error(Poisoned) for a call named `what` reading [begin, end) of `slice` when that is poisoned.
+inline void refusePoisoned(Slice &slice, uint64_t begin, uint64_t end, const char *what) {
+    const SliceRange read[] = {{&slice, begin, end}};
+    if (const Poison::Hit hit = firstPoisoned(read); hit.why) refuseDependent(hit, {}, what);
+}
+
 /// The device limits a plugin checks at launch (block and grid sizes, threads per block,
 /// bindings, scalar bytes, dynamic shared memory), checked by the core before a launch is issued
 /// or recorded: a caller's error fails as Error(Launch) naming the kernel and the limit, never
@@ -248,6 +270,10 @@ private:
     /// gathers the slices it uses: its bindings in order, then the grid buffer.
     void checkDispatch(const std::string &kernelName, const Dispatch &dispatch,
                        boost::container::small_vector<SlicePtr, 17> &slices) const;
+    /// execute() after its checks: looks the kernel up (compiling it on first use) and issues
+    /// the launch on the stream.
+    void launchChecked(StreamId stream, const KernelSource &kernel, const Dispatch &dispatch,
+                       const boost::container::small_vector<SlicePtr, 17> &slices);
 
     // recorded sequences (recording.cpp)
     /// The calling thread's open recording on `stream`, or null; one load when none is open.
@@ -281,6 +307,18 @@ private:
     void releaseIdleLocked(bool everything, std::vector<MemoryPage> &freed);
     /// Runs scheduler work; a failure there marks the device lost (queued work was dropped).
     template <class F> void scheduled(F &&work);
+    /// Issues an operation whose arguments were accepted and that writes `written`
+    /// (poisoning.cpp, docs/streams.md "What failed work leaves behind"): when `issue` throws,
+    /// the ranges are poisoned with the failure, named by `describe()` ("kernel 'saxpy'"),
+    /// unless the device is lost (then none of its memory is readable anyway); when it returns,
+    /// they hold valid data again. Marking happens at issue, in the order the engine orders the
+    /// operations themselves.
+    template <class F, class D>
+    void issueWriting(std::span<const SliceRange> written, uint32_t slot, D &&describe,
+                      F &&issue);
+    /// Poisons `written` with the failure `e` of the operation `operation` on `slot`.
+    void poisonWritten(std::span<const SliceRange> written, uint32_t slot,
+                       const std::string &operation, const std::exception &e) const;
     /// Waits for every stream, then returns every idle page and staging block to the plugin.
     void releaseEverythingIdle();
 
@@ -296,6 +334,10 @@ private:
     void throttle(uint32_t slot);
 
     // copies between devices (device_copy.cpp)
+    /// copyToDevice() after its checks.
+    void copyChecked(StreamId stream, const Buffer &src, uint64_t srcOffset, ComputeServer &dst,
+                     StreamId dstStream, const Buffer &dstBuffer, uint64_t dstOffset,
+                     uint64_t size);
     void copyPeerTo(uint32_t slot, const std::shared_ptr<Slice> &a, uint64_t from,
                     ComputeServer &dst, uint32_t dstSlot, const std::shared_ptr<Slice> &b,
                     uint64_t to, uint64_t size);
@@ -304,6 +346,9 @@ private:
                       uint64_t size);
 
     // transfers (transfers.cpp)
+    /// write() of pageable memory after its checks (`offset` from the slice's start).
+    void writeChecked(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
+                      const void *data, uint64_t size);
     void writeStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
                      const std::byte *src, uint64_t size);
     void readStaged(uint32_t slot, const std::shared_ptr<Slice> &slice, uint64_t offset,
@@ -403,6 +448,18 @@ void ComputeServer::submit(uint32_t slot, std::span<const SlicePtr> slices, Op &
         op(static_cast<bp_stream *>(stream));
     };
     scheduled([&] { scheduler_->registerTask(slot, std::move(task), origins); });
+}
+
+template <class F, class D>
+void ComputeServer::issueWriting(std::span<const SliceRange> written, uint32_t slot,
+                                 D &&describe, F &&issue) {
+    try {
+        issue();
+    } catch (const std::exception &e) {
+        poisonWritten(written, slot, describe(), e);
+        throw;
+    }
+    for (const SliceRange &w : written) w.slice->poison.clear(w.begin, w.end);
 }
 
 template <class F> void ComputeServer::scheduled(F &&work) {

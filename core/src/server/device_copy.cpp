@@ -27,6 +27,24 @@ void ComputeServer::copyToDevice(StreamId stream, const Buffer &src, uint64_t sr
     checkBufferRange(src, srcOffset, size, "cross-device copy source range");
     checkBufferRange(dstBuffer, dstOffset, size, "cross-device copy destination range");
     if (size == 0) return;
+    // The source must hold valid data; the destination is poisoned if the copy fails (on
+    // either device: a lost source leaves it unwritten too).
+    const uint64_t from = src.offset() + srcOffset, to = dstBuffer.offset() + dstOffset;
+    const SliceRange read[] = {{a.get(), from, from + size}};
+    const SliceRange written[] = {{b.get(), to, to + size}};
+    if (const Poison::Hit hit = firstPoisoned(read); hit.why)
+        refuseDependent(hit, written, "copy to " + dst.info().id() + " (not issued)");
+    dst.issueWriting(written, dst.slotOf(dstStream),
+                     [&] { return "copy from " + info().id(); },
+                     [&] { copyChecked(stream, src, srcOffset, dst, dstStream, dstBuffer,
+                                       dstOffset, size); });
+}
+
+void ComputeServer::copyChecked(StreamId stream, const Buffer &src, uint64_t srcOffset,
+                                ComputeServer &dst, StreamId dstStream, const Buffer &dstBuffer,
+                                uint64_t dstOffset, uint64_t size) {
+    const auto &a = sliceOf(src, "copy to another device (source)");
+    const auto &b = dst.sliceOf(dstBuffer, "copy from another device (destination)");
     const TraceSpan span; // on the source's lane, named after the destination
     const auto traced = [&](const char *how) {
         if (span)
@@ -191,11 +209,22 @@ void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_arg
     const uint32_t slot = slotOf(stream);
     Driver *driver = driver_.get();
     const TraceSpan span;
-    {
+    // The send buffer must hold valid data; the receive buffer is poisoned if the collective
+    // fails (a peer that failed or left included).
+    boost::container::small_vector<SliceRange, 1> read, written;
+    if (send != nullptr)
+        read.push_back({slices.front()->get(), send->offset(), send->offset() + sendBytes});
+    if (recv != nullptr)
+        written.push_back({slices.back()->get(), recv->offset(), recv->offset() + recvBytes});
+    const std::span<const SliceRange> reads(read.data(), read.size());
+    const std::span<const SliceRange> writes(written.data(), written.size());
+    if (const Poison::Hit hit = firstPoisoned(reads); hit.why)
+        refuseDependent(hit, writes, what + " (not issued)");
+    issueWriting(writes, slot, [&] { return what; }, [&] {
         std::lock_guard lock(mutex_);
         submit(slot, std::span(slices.data(), slices.size()),
                [&](bp_stream *s) { driver->collective(s, comm, args); });
-    }
+    });
     throttle(slot);
     if (span)
         traceComplete(tracePid(), slot, "collective", what, span.start,

@@ -32,6 +32,44 @@ void RecordedOp::fixPointers() {
     }
 }
 
+void RecordedOp::computeRanges() {
+    reads.clear();
+    writes.clear();
+    // Argument offsets count from the memory object; ranges count from the slice.
+    const auto range = [](const std::shared_ptr<Slice> &s, uint64_t memoryOffset, uint64_t size) {
+        return SliceRange{s.get(), memoryOffset - s->offset, memoryOffset - s->offset + size};
+    };
+    switch (kind) {
+    case BP_GRAPH_OP_LAUNCH:
+        for (size_t i = 0; i < bindings.size(); ++i) {
+            const SliceRange r = range(slices[i], bindings[i].offset, bindings[i].size);
+            const BindingAccess a = i < access.size() ? access[i] : BindingAccess::ReadWrite;
+            if (a != BindingAccess::Write) reads.push_back(r);
+            if (a != BindingAccess::Read) writes.push_back(r);
+        }
+        if (launch.grid_memory != nullptr)
+            reads.push_back(range(slices.back(), launch.grid_offset, 3 * sizeof(uint32_t)));
+        break;
+    case BP_GRAPH_OP_COPY_HOST_TO_DEVICE:
+        writes.push_back(range(slices[0], toDevice.dst_offset, toDevice.size));
+        break;
+    case BP_GRAPH_OP_COPY_DEVICE_TO_HOST:
+        reads.push_back(range(slices[0], toHost.src_offset, toHost.size));
+        break;
+    case BP_GRAPH_OP_COPY_DEVICE_TO_DEVICE:
+        reads.push_back(range(slices[0], copy.src_offset, copy.size));
+        writes.push_back(range(slices[1], copy.dst_offset, copy.size));
+        break;
+    case BP_GRAPH_OP_FILL: writes.push_back(range(slices[0], fill.offset, fill.size)); break;
+    }
+}
+
+std::vector<SliceRange> RecordingVersion::allWrites() const {
+    std::vector<SliceRange> out;
+    for (const RecordedOp &op : ops) out.insert(out.end(), op.writes.begin(), op.writes.end());
+    return out;
+}
+
 std::shared_ptr<RecordingVersion> RecordingVersion::clone() const {
     auto copy = std::make_shared<RecordingVersion>(*this);
     for (RecordedOp &op : copy->ops) op.fixPointers();
@@ -189,6 +227,7 @@ void ComputeServer::beginRecording(StreamId stream) {
 bool ComputeServer::recording(StreamId stream) { return recordingOf(stream) != nullptr; }
 
 void ComputeServer::recordOp(RecordingBuilder &builder, RecordedOp op) {
+    op.computeRanges();
     std::lock_guard lock(builder.mutex);
     builder.ops.push_back(std::move(op));
 }
@@ -201,6 +240,7 @@ void ComputeServer::recordLaunch(RecordingBuilder &builder, const KernelSource &
     RecordedOp op;
     op.kind = BP_GRAPH_OP_LAUNCH;
     op.kernelName = kernel.name;
+    op.access = kernel.access;
     // Compiled now, so that a compile error shows at the recorded call; kernels live as long as
     // the server, which the recording keeps.
     fillLaunch(op, kernels_.find(kernel), dispatch, {slices.data(), slices.size()});
@@ -324,16 +364,29 @@ void ComputeServer::replay(StreamId stream, const Recording &recording) {
         boost::container::small_vector<SlicePtr, 32> slices;
         for (const std::shared_ptr<Slice> &slice : version->slices) slices.push_back(&slice);
         Driver *driver = driver_.get();
-        std::lock_guard lock(mutex_);
-        // One operation using every slice of the recording: it is ordered after their earlier
-        // uses on any stream and becomes their last use. The version is held until it completed.
-        submit(
-            slot, std::span<const SlicePtr>(slices.data(), slices.size()),
-            [driver, version](bp_stream *s) {
-                if (version->graph) driver->graphLaunch(s, version->graph->get());
-                else replayCalls(*driver, s, *version);
-            },
-            Hold(version));
+        // What the recording reads before writing it must hold valid data; what it writes is
+        // valid once the replay is issued, and poisoned when it fails or is not issued.
+        for (const RecordedOp &op : version->ops) {
+            if (const Poison::Hit hit = firstPoisoned(op.reads); hit.why)
+                refuseDependent(hit, version->allWrites(), "replay (not issued)");
+            for (const SliceRange &w : op.writes) w.slice->poison.clear(w.begin, w.end);
+        }
+        try {
+            std::lock_guard lock(mutex_);
+            // One operation using every slice of the recording: it is ordered after their
+            // earlier uses on any stream and becomes their last use. The version is held until
+            // it completed.
+            submit(
+                slot, std::span<const SlicePtr>(slices.data(), slices.size()),
+                [driver, version](bp_stream *s) {
+                    if (version->graph) driver->graphLaunch(s, version->graph->get());
+                    else replayCalls(*driver, s, *version);
+                },
+                Hold(version));
+        } catch (const std::exception &e) {
+            poisonWritten(version->allWrites(), slot, "replay of a recording", e);
+            throw;
+        }
     }
     throttle(slot); // no lock held: it may wait for the GC
 }
@@ -383,6 +436,7 @@ void ComputeServer::updateRecording(RecordingState &state, size_t launch,
     RecordedOp &op = next->ops[index];
     fillLaunch(op, old.launch.kernel, dispatch, {slices.data(), slices.size()});
     op.fixPointers();
+    op.computeRanges();
     next->collectSlices();
     if (next->graph && !driver_->graphUpdate(next->graph->get(), static_cast<uint32_t>(index),
                                              op.op)) {

@@ -32,8 +32,15 @@ struct RecordedOp {
     bp_copy_device_to_device_args copy{};
     bp_fill_args fill{};
     bp_graph_op op{};
+    /// Launches: what each binding does (KernelSource::access; missing ones are ReadWrite).
+    std::vector<BindingAccess> access;
+    /// The bytes the op reads and writes, from its slices' starts (poisoning, docs/streams.md
+    /// "What failed work leaves behind"); set by computeRanges().
+    std::vector<SliceRange> reads, writes;
 
     void fixPointers();
+    /// Sets `reads` and `writes` from the argument structs and `slices`.
+    void computeRanges();
 };
 
 /// One immutable version of a recording: its ops, the slices they use (each once) and the
@@ -51,6 +58,8 @@ struct RecordingVersion {
     void collectSlices();
     /// The ops as the plugin's graph_create wants them.
     std::vector<bp_graph_op> graphOps() const;
+    /// Every range some op writes (a failed replay poisons them all).
+    std::vector<SliceRange> allWrites() const;
 };
 
 /// What a Recording shares. The server keeps it alive (and the server alive through it).

@@ -212,6 +212,13 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
     offset += buffer.offset();
     checkHostPointer(data, "write");
     const uint32_t slot = slotOf(stream);
+    const SliceRange written[] = {{slice.get(), offset, offset + size}};
+    issueWriting(written, slot, [] { return std::string("write"); },
+                 [&] { writeChecked(slot, slice, offset, data, size); });
+}
+
+void ComputeServer::writeChecked(uint32_t slot, const std::shared_ptr<Slice> &slice,
+                                 uint64_t offset, const void *data, uint64_t size) {
     const TraceSpan span;
     const auto traced = [&] {
         if (span) traceComplete(tracePid(), slot, "transfer", "write", span.start, {{"bytes", size}});
@@ -245,6 +252,7 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
     if (size == 0) return;
     offset += buffer.offset();
     checkHostPointer(into, "readInto");
+    refusePoisoned(*slice, offset, offset + size, "readInto");
     const uint32_t slot = slotOf(stream);
     const TraceSpan span;
     const auto traced = [&] {
@@ -279,6 +287,7 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
     checkBufferRange(buffer, offset, size, "read");
     if (size == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
     offset += buffer.offset();
+    refusePoisoned(*slice, offset, offset + size, "read");
     const uint32_t slot = slotOf(stream);
     const SlicePtr slices[] = {&slice};
     Driver *driver = driver_.get();
@@ -422,14 +431,15 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
     }
     const uint32_t slot = slotOf(stream);
     const TraceSpan span;
-    {
+    const SliceRange written[] = {{slice.get(), offset, offset + size}};
+    issueWriting(written, slot, [] { return std::string("write (pinned)"); }, [&] {
         std::lock_guard lock(mutex_);
         submit(slot, slices,
                [driver, memory, base, src, size](bp_stream *s) {
                    driver->copyHostToDevice(s, src, memory, base, size);
                },
                data.block_);
-    }
+    });
     throttle(slot);
     if (span)
         traceComplete(tracePid(), slot, "transfer", "write (pinned)", span.start, {{"bytes", size}});
@@ -458,6 +468,7 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
         recordOp(*builder, std::move(op));
         return;
     }
+    refusePoisoned(*slice, offset, offset + size, "readInto (pinned)");
     const TraceSpan span;
     Fence fence;
     {
@@ -512,12 +523,16 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
     }
     const uint32_t slot = slotOf(stream);
     const TraceSpan span;
-    {
+    const SliceRange read[] = {{a.get(), srcOffset, srcOffset + size}};
+    const SliceRange written[] = {{b.get(), dstOffset, dstOffset + size}};
+    if (const Poison::Hit hit = firstPoisoned(read); hit.why)
+        refuseDependent(hit, written, "copy (not issued)");
+    issueWriting(written, slot, [] { return std::string("copy"); }, [&] {
         std::lock_guard lock(mutex_);
         submit(slot, slices, [=](bp_stream *s) {
             driver->copyDeviceToDevice(s, from, fromOffset, to, toOffset, size);
         });
-    }
+    });
     throttle(slot);
     if (span) traceComplete(tracePid(), slot, "copy", "copy", span.start, {{"bytes", size}});
 }
@@ -577,12 +592,16 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     }
     const uint32_t slot = slotOf(stream);
     const TraceSpan span;
-    if (words != 0) {
-        std::lock_guard lock(mutex_);
-        submit(slot, slices,
-               [=](bp_stream *s) { driver->fill(s, memory, base, words, pattern); });
-    }
-    if (tail != 0) write(stream, buffer, offset - buffer.offset() + words, tailBytes.data(), tail);
+    const SliceRange written[] = {{slice.get(), offset, offset + size}};
+    issueWriting(written, slot, [] { return std::string("fill"); }, [&] {
+        if (words != 0) {
+            std::lock_guard lock(mutex_);
+            submit(slot, slices,
+                   [=](bp_stream *s) { driver->fill(s, memory, base, words, pattern); });
+        }
+        if (tail != 0)
+            write(stream, buffer, offset - buffer.offset() + words, tailBytes.data(), tail);
+    });
     throttle(slot);
     if (span)
         traceComplete(tracePid(), slot, "fill", "fill", span.start,
