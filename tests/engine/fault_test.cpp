@@ -766,3 +766,86 @@ TEST_CASE("a refused collective poisons its receive buffer; the send buffer keep
     CHECK(devices[0].readAs<float>(send[0]) == floats(1024, 1.0f));
     CHECK(computes(devices[0]));
 }
+
+TEST_CASE("poisoning, review findings: a kernel refused for its own source poisons nothing; a "
+          "strided read skips poisoned gaps; a writeTensor failing part-way poisons its later "
+          "rows") {
+    // Copies (reads count too) on host:0: #1 createFrom a, #2 the write that fails (element 1).
+    // On host:1: #1 createFrom b, #2 writeTensor's first row, #3 its second (fails); the third
+    // is never issued.
+    const auto runtime = runtimeWith(
+        "async", R"([{"device": 0, "operation": "copy", "nth": 2, "class": "refused"},
+                     {"device": 1, "operation": "copy", "nth": 3, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    ComputeClient one = runtime->open(runtime->select("host:1"));
+    Buffer a = zero.createFrom<float>(floats(8, 1.0f));
+    const float nine = 9.0f;
+    CHECK(outcomeOf([&] { zero.write(a, 4, &nine, 4); }).code == "internal");
+    // Elements 0, 2, 4, 6 avoid the poisoned element 1; elements 1, 3, 5 do not.
+    CHECK(zero.readTensor(Tensor{a, {4}, {2}, 4}).wait().size() == 16);
+    const Outcome odd = outcomeOf([&] { (void)zero.readTensor(Tensor{a.view(4), {3}, {2}, 4}).wait(); });
+    CHECK(odd.code == "poisoned");
+    CHECK_MESSAGE(contains(odd.message, "readTensor"), odd.message);
+    // A kernel with no variant for the device is the caller's error: its bindings keep their data.
+    Buffer x = zero.createFrom<float>(floats(4, 2.0f));
+    const KernelSource cudaOnly{
+        "cuda_only", {KernelVariant::text(Dialect::Cuda, "k", "extern \"C\" __global__ void k() {}")}};
+    Dispatch d;
+    d.grid = {1};
+    d.bindings = {x};
+    CHECK(outcomeOf([&] { zero.execute(cudaOnly, d); }).code == "unsupported");
+    CHECK(zero.readAs<float>(x) == floats(4, 2.0f));
+    // writeTensor of 3 rows with padding between them: the second row's copy fails.
+    Buffer b = one.createFrom<float>(floats(24, -1.0f));
+    const Tensor rows{b, {3, 4}, {8, 1}, 4};
+    const std::vector<float> fives = floats(12, 5.0f);
+    CHECK(outcomeOf([&] { one.writeTensor(rows, fives.data(), 48); }).code == "internal");
+    for (const uint64_t row : {0u, 1u, 2u}) {
+        CAPTURE(row);
+        CHECK(outcomeOf([&] { (void)one.read(b, row * 32, 16).wait(); }).code == "poisoned");
+    }
+    CHECK(one.read(b, 16, 16).wait().size() == 16); // the padding after row 0 is valid
+}
+
+TEST_CASE("a collective whose send buffer is poisoned on one rank issues nothing on any rank and "
+          "poisons every receive buffer; both devices go on") {
+    for (const bool staged : {false, true}) {
+        CAPTURE(staged);
+        // Fills on host:1: the first one fails.
+        const auto runtime = runtimeWith(
+            "async", R"([{"device": 1, "operation": "fill", "nth": 1, "class": "refused"}])");
+        std::vector<ComputeClient> devices = {runtime->open(runtime->select("host:0")),
+                                              runtime->open(runtime->select("host:1"))};
+        if (!staged && (devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
+            MESSAGE("no host collectives here: the native case checks nothing");
+            continue;
+        }
+        CommunicatorOptions options;
+        options.timeout = std::chrono::seconds(3);
+        options.forceStaged = staged;
+        auto rendezvous = localRendezvous();
+        Communicator comm = Communicator::create(devices, *rendezvous, options);
+        std::vector<Buffer> send, recv;
+        for (size_t r = 0; r < devices.size(); ++r) {
+            send.push_back(devices[r].createFrom<float>(floats(256, float(r + 1))));
+            recv.push_back(devices[r].createFrom<float>(floats(256, -1.0f)));
+        }
+        CHECK(outcomeOf([&] { devices[1].fill(send[1], 0u); }).code == "internal");
+        const Outcome refused = outcomeOf(
+            [&] { comm.allReduce(send, recv, 256, DataType::F32, ReduceOp::Sum); });
+        CHECK(refused.code == "poisoned");
+        CHECK_MESSAGE(contains(refused.message, "rank 1's send buffer"), refused.message);
+        for (size_t r = 0; r < devices.size(); ++r) {
+            CAPTURE(r);
+            const Outcome read = outcomeOf([&] { (void)devices[r].readAs<float>(recv[r]); });
+            CHECK(read.code == "poisoned");
+            CHECK_MESSAGE(contains(read.message, "fill on host:1"), read.message);
+            CHECK(computes(devices[r]));
+        }
+        // Written again, the same communicator all-reduces.
+        devices[1].write(send[1], 0, floats(256, 2.0f).data(), 1024);
+        comm.allReduce(send, recv, 256, DataType::F32, ReduceOp::Sum);
+        CHECK(devices[0].readAs<float>(recv[0]) == floats(256, 3.0f));
+        CHECK(devices[1].readAs<float>(recv[1]) == floats(256, 3.0f));
+    }
+}

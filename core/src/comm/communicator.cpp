@@ -605,6 +605,49 @@ bool isLocal(const CommunicatorState &s, uint32_t rank) {
     return rank >= s.firstRank && rank < s.firstRank + s.servers.size();
 }
 
+/// Runs `issue`, a collective whose parts passed checkAllParts, with the poisoning rules of
+/// docs/streams.md ("What failed work leaves behind") over every local rank at once: when a
+/// send buffer it reads holds poisoned bytes, nothing is issued on any rank and every receive
+/// buffer it writes takes that poison (one rank issued without the others would wait for them
+/// until the timeout); when it fails, every receive buffer it writes is poisoned. `readRoot` /
+/// `writeRoot`: only that rank's send / receive buffer is read / written (broadcast, reduce).
+template <class F>
+void poisonGuarded(CommunicatorState &s, const char *what, std::span<const Buffer> send,
+                   uint64_t sendBytes, std::span<const Buffer> recv, uint64_t recvBytes,
+                   std::optional<uint32_t> readRoot, std::optional<uint32_t> writeRoot,
+                   F &&issue) {
+    const auto reads = [&](size_t i) { return !readRoot || s.firstRank + i == *readRoot; };
+    const auto writes = [&](size_t i) { return !writeRoot || s.firstRank + i == *writeRoot; };
+    for (size_t i = 0; i < s.servers.size(); ++i) {
+        if (!reads(i)) continue;
+        const detail::Poison::Hit hit = detail::ComputeServer::poisonedIn(send[i], sendBytes);
+        if (!hit.why) continue;
+        for (size_t j = 0; j < s.servers.size(); ++j)
+            if (writes(j)) detail::ComputeServer::poisonLike(recv[j], recvBytes, hit.why);
+        detail::refuseDependent(hit, {},
+                                std::string("Communicator::") + what + " (not issued; rank " +
+                                    std::to_string(s.firstRank + i) + "'s send buffer)");
+    }
+    try {
+        issue();
+    } catch (const std::exception &e) {
+        const std::string name = std::string("Communicator::") + what;
+        for (size_t j = 0; j < s.servers.size(); ++j)
+            if (writes(j)) s.servers[j]->poisonAfter(recv[j], recvBytes, s.stream(), name, e);
+        throw;
+    }
+}
+
+void broadcastParts(CommunicatorState &s, std::span<const Buffer> send,
+                    std::span<const Buffer> recv, uint64_t count, DataType type, uint32_t root,
+                    uint64_t bytes);
+void allGatherParts(CommunicatorState &s, std::span<const Buffer> send,
+                    std::span<const Buffer> recv, uint64_t count, DataType type, uint64_t bytes,
+                    uint64_t total);
+void reduceScatterParts(CommunicatorState &s, std::span<const Buffer> send,
+                        std::span<const Buffer> recv, uint64_t count, DataType type, ReduceOp op,
+                        uint64_t bytes, uint64_t total);
+
 } // namespace
 
 void Communicator::allReduce(std::span<const Buffer> send, std::span<const Buffer> recv,
@@ -615,12 +658,14 @@ void Communicator::allReduce(std::span<const Buffer> send, std::span<const Buffe
     checkSpans(s, send, recv, "allReduce");
     const uint64_t bytes = bytesOf(count, type, 1, "allReduce");
     checkAllParts(s, BP_COLLECTIVE_ALL_REDUCE, send, bytes, recv, bytes, "allReduce");
-    if (!s.staged)
-        return nativeAll(s, BP_COLLECTIVE_ALL_REDUCE, send, recv, count, type, op, 0, bytes, bytes,
-                         "allReduce");
-    const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
-    for (size_t i = 0; i < s.servers.size(); ++i)
-        detail::writeAll(*s.servers[i], s.stream(), recv[i], result);
+    poisonGuarded(s, "allReduce", send, bytes, recv, bytes, {}, {}, [&] {
+        if (!s.staged)
+            return nativeAll(s, BP_COLLECTIVE_ALL_REDUCE, send, recv, count, type, op, 0, bytes,
+                             bytes, "allReduce");
+        const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
+        for (size_t i = 0; i < s.servers.size(); ++i)
+            detail::writeAll(*s.servers[i], s.stream(), recv[i], result);
+    });
 }
 
 void Communicator::reduce(std::span<const Buffer> send, std::span<const Buffer> recv,
@@ -632,15 +677,17 @@ void Communicator::reduce(std::span<const Buffer> send, std::span<const Buffer> 
     checkRoot(s, root, "reduce");
     const uint64_t bytes = bytesOf(count, type, 1, "reduce");
     checkAllParts(s, BP_COLLECTIVE_REDUCE, send, bytes, recv, bytes, "reduce");
-    if (!s.staged)
-        return nativeAll(s, BP_COLLECTIVE_REDUCE, send, recv, count, type, op, root, bytes, bytes,
-                         "reduce");
-    // Staged: the reduction reaches every process (an all-reduce), only the root writes it.
-    const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
-    if (isLocal(s, root)) {
-        const size_t local = root - s.firstRank;
-        detail::writeAll(*s.servers[local], s.stream(), recv[local], result);
-    }
+    poisonGuarded(s, "reduce", send, bytes, recv, bytes, {}, root, [&] {
+        if (!s.staged)
+            return nativeAll(s, BP_COLLECTIVE_REDUCE, send, recv, count, type, op, root, bytes,
+                             bytes, "reduce");
+        // Staged: the reduction reaches every process (an all-reduce), only the root writes it.
+        const Bytes result = detail::reduceEverywhere(s, send, count, type, op);
+        if (isLocal(s, root)) {
+            const size_t local = root - s.firstRank;
+            detail::writeAll(*s.servers[local], s.stream(), recv[local], result);
+        }
+    });
 }
 
 void Communicator::broadcast(std::span<const Buffer> send, std::span<const Buffer> recv,
@@ -651,6 +698,16 @@ void Communicator::broadcast(std::span<const Buffer> send, std::span<const Buffe
     checkRoot(s, root, "broadcast");
     const uint64_t bytes = bytesOf(count, type, 1, "broadcast");
     checkAllParts(s, BP_COLLECTIVE_BROADCAST, send, bytes, recv, bytes, "broadcast");
+    poisonGuarded(s, "broadcast", send, bytes, recv, bytes, root, {},
+                  [&] { broadcastParts(s, send, recv, count, type, root, bytes); });
+}
+
+namespace {
+
+/// broadcast() after its checks.
+void broadcastParts(CommunicatorState &s, std::span<const Buffer> send,
+                    std::span<const Buffer> recv, uint64_t count, DataType type, uint32_t root,
+                    uint64_t bytes) {
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_BROADCAST, send, recv, count, type, ReduceOp::Sum, root,
                          bytes, bytes, "broadcast");
@@ -668,14 +725,10 @@ void Communicator::broadcast(std::span<const Buffer> send, std::span<const Buffe
         detail::writeAll(*s.servers[i], s.stream(), recv[i], data);
 }
 
-void Communicator::allGather(std::span<const Buffer> send, std::span<const Buffer> recv,
-                             uint64_t count, DataType type) {
-    CommunicatorState &s = stateOf(state_, "allGather");
-    s.checkUsable("allGather");
-    checkSpans(s, send, recv, "allGather");
-    const uint64_t bytes = bytesOf(count, type, 1, "allGather");
-    const uint64_t total = bytesOf(count, type, s.worldSize, "allGather");
-    checkAllParts(s, BP_COLLECTIVE_ALL_GATHER, send, bytes, recv, total, "allGather");
+/// allGather() after its checks.
+void allGatherParts(CommunicatorState &s, std::span<const Buffer> send,
+                    std::span<const Buffer> recv, uint64_t count, DataType type, uint64_t bytes,
+                    uint64_t total) {
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_ALL_GATHER, send, recv, count, type, ReduceOp::Sum, 0,
                          bytes, total, "allGather");
@@ -693,15 +746,10 @@ void Communicator::allGather(std::span<const Buffer> send, std::span<const Buffe
         detail::writeAll(*s.servers[i], s.stream(), recv[i], whole);
 }
 
-void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const Buffer> recv,
-                                 uint64_t count, DataType type, ReduceOp op) {
-    CommunicatorState &s = stateOf(state_, "reduceScatter");
-    s.checkUsable("reduceScatter");
-    checkOp(op, "reduceScatter");
-    checkSpans(s, send, recv, "reduceScatter");
-    const uint64_t bytes = bytesOf(count, type, 1, "reduceScatter");
-    const uint64_t total = bytesOf(count, type, s.worldSize, "reduceScatter");
-    checkAllParts(s, BP_COLLECTIVE_REDUCE_SCATTER, send, total, recv, bytes, "reduceScatter");
+/// reduceScatter() after its checks.
+void reduceScatterParts(CommunicatorState &s, std::span<const Buffer> send,
+                        std::span<const Buffer> recv, uint64_t count, DataType type, ReduceOp op,
+                        uint64_t bytes, uint64_t total) {
     if (!s.staged)
         return nativeAll(s, BP_COLLECTIVE_REDUCE_SCATTER, send, recv, count, type, op, 0, total,
                          bytes, "reduceScatter");
@@ -711,6 +759,33 @@ void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const B
         s.servers[i]->write(s.stream(), recv[i], 0, whole.data() + (s.firstRank + i) * bytes,
                             bytes);
     }
+}
+
+} // namespace
+
+void Communicator::allGather(std::span<const Buffer> send, std::span<const Buffer> recv,
+                             uint64_t count, DataType type) {
+    CommunicatorState &s = stateOf(state_, "allGather");
+    s.checkUsable("allGather");
+    checkSpans(s, send, recv, "allGather");
+    const uint64_t bytes = bytesOf(count, type, 1, "allGather");
+    const uint64_t total = bytesOf(count, type, s.worldSize, "allGather");
+    checkAllParts(s, BP_COLLECTIVE_ALL_GATHER, send, bytes, recv, total, "allGather");
+    poisonGuarded(s, "allGather", send, bytes, recv, total, {}, {},
+                  [&] { allGatherParts(s, send, recv, count, type, bytes, total); });
+}
+
+void Communicator::reduceScatter(std::span<const Buffer> send, std::span<const Buffer> recv,
+                                 uint64_t count, DataType type, ReduceOp op) {
+    CommunicatorState &s = stateOf(state_, "reduceScatter");
+    s.checkUsable("reduceScatter");
+    checkOp(op, "reduceScatter");
+    checkSpans(s, send, recv, "reduceScatter");
+    const uint64_t bytes = bytesOf(count, type, 1, "reduceScatter");
+    const uint64_t total = bytesOf(count, type, s.worldSize, "reduceScatter");
+    checkAllParts(s, BP_COLLECTIVE_REDUCE_SCATTER, send, total, recv, bytes, "reduceScatter");
+    poisonGuarded(s, "reduceScatter", send, total, recv, bytes, {}, {},
+                  [&] { reduceScatterParts(s, send, recv, count, type, op, bytes, total); });
 }
 
 namespace {

@@ -689,14 +689,19 @@ void ComputeServer::execute(StreamId stream, const KernelSource &kernel,
     const std::span<const SliceRange> written(writes.data(), writes.size());
     if (const Poison::Hit hit = firstPoisoned(read); hit.why)
         refuseDependent(hit, written, "kernel '" + kernel.name + "' (not launched)");
+    const TraceSpan span; // from the lookup (and a first compile) to the launch's submission
+    // The kernel is looked up (compiled on first use, with no engine lock) before the launch
+    // counts as issued: a kernel refused for its own source (no variant for the device, a
+    // compile error) is the caller's error, like a bad argument, and poisons nothing.
+    bp_kernel *handle = kernels_.find(kernel);
     issueWriting(written, slot, [&] { return "kernel '" + kernel.name + "'"; },
-                 [&] { launchChecked(stream, kernel, dispatch, slices); });
+                 [&] { launchChecked(stream, kernel, dispatch, slices, handle, span); });
 }
 
 void ComputeServer::launchChecked(StreamId stream, const KernelSource &kernel,
                                   const Dispatch &dispatch,
-                                  const boost::container::small_vector<SlicePtr, 17> &slices) {
-    const TraceSpan span; // from the lookup (and a first compile) to the launch's submission
+                                  const boost::container::small_vector<SlicePtr, 17> &slices,
+                                  bp_kernel *handle, const TraceSpan &span) {
     const auto traced = [&] {
         if (span)
             traceComplete(tracePid(), slotOf(stream), "launch", kernel.name, span.start,
@@ -704,8 +709,6 @@ void ComputeServer::launchChecked(StreamId stream, const KernelSource &kernel,
                            {"block_x", dispatch.block[0]},
                            {"bindings", dispatch.bindings.size()}});
     };
-    // Compiling (or waiting for another thread's compile) takes no engine lock.
-    bp_kernel *handle = kernels_.find(kernel);
     const uint32_t slot = slotOf(stream);
 
     boost::container::small_vector<bp_binding, 16> bindings;

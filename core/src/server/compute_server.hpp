@@ -140,7 +140,9 @@ public:
                uint64_t size);
     void write(StreamId stream, const Buffer &buffer, uint64_t offset, const PinnedBuffer &data,
                uint64_t size);
-    ReadFuture read(StreamId stream, const Buffer &buffer, uint64_t offset, uint64_t size);
+    /// `poisonChecked`: the caller checked the bytes it returns for poison (readTensor).
+    ReadFuture read(StreamId stream, const Buffer &buffer, uint64_t offset, uint64_t size,
+                    bool poisonChecked = false);
     void readInto(StreamId stream, const Buffer &buffer, uint64_t offset, void *into,
                   uint64_t size);
     void readInto(StreamId stream, const Buffer &buffer, uint64_t offset, const PinnedBuffer &into,
@@ -220,6 +222,16 @@ public:
     uint64_t nativeHandle(StreamId stream, NativeKind kind, const Buffer *buffer);
     NativeBuffer nativeBuffer(const Buffer &buffer);
 
+    // Poisoning for work issued through several servers (the Communicator; poisoning.cpp).
+    /// The first poisoned range of bytes [0, size) of `buffer` (any server's); none: null why.
+    static Poison::Hit poisonedIn(const Buffer &buffer, uint64_t size);
+    /// Poisons bytes [0, size) of `buffer` with `why` (a failure that spreads).
+    static void poisonLike(const Buffer &buffer, uint64_t size, const PoisonReason &why);
+    /// Poisons bytes [0, size) of `buffer`, this server's, after `operation` failed with `e` on
+    /// `stream` (nothing when this device is lost).
+    void poisonAfter(const Buffer &buffer, uint64_t size, StreamId stream,
+                     const std::string &operation, const std::exception &e);
+
     /// Waits for `fence` with no lock held and records the completion; a failure marks the
     /// device lost and throws Error(DeviceLost). Usable after the server is gone (ReadFuture).
     static void waitFence(const std::weak_ptr<ComputeServer> &server, const Fence &fence);
@@ -270,10 +282,11 @@ private:
     /// gathers the slices it uses: its bindings in order, then the grid buffer.
     void checkDispatch(const std::string &kernelName, const Dispatch &dispatch,
                        boost::container::small_vector<SlicePtr, 17> &slices) const;
-    /// execute() after its checks: looks the kernel up (compiling it on first use) and issues
-    /// the launch on the stream.
+    /// execute() after its checks and the kernel's lookup (`handle`): issues the launch on the
+    /// stream (retrying once with a recompiled kernel when a cached binary fails to launch).
     void launchChecked(StreamId stream, const KernelSource &kernel, const Dispatch &dispatch,
-                       const boost::container::small_vector<SlicePtr, 17> &slices);
+                       const boost::container::small_vector<SlicePtr, 17> &slices,
+                       bp_kernel *handle, const TraceSpan &span);
 
     // recorded sequences (recording.cpp)
     /// The calling thread's open recording on `stream`, or null; one load when none is open.

@@ -41,4 +41,22 @@ void ComputeServer::poisonWritten(std::span<const SliceRange> written, uint32_t 
     for (const SliceRange &w : written) w.slice->poison.mark(w.begin, w.end, why);
 }
 
+Poison::Hit ComputeServer::poisonedIn(const Buffer &buffer, uint64_t size) {
+    if (!buffer.slice_) return {};
+    const SliceRange read[] = {{buffer.slice_.get(), buffer.offset(), buffer.offset() + size}};
+    return firstPoisoned(read);
+}
+
+void ComputeServer::poisonLike(const Buffer &buffer, uint64_t size, const PoisonReason &why) {
+    if (buffer.slice_ && size != 0)
+        buffer.slice_->poison.mark(buffer.offset(), buffer.offset() + size, why);
+}
+
+void ComputeServer::poisonAfter(const Buffer &buffer, uint64_t size, StreamId stream,
+                                const std::string &operation, const std::exception &e) {
+    if (!buffer.slice_ || size == 0) return;
+    const SliceRange written[] = {{buffer.slice_.get(), buffer.offset(), buffer.offset() + size}};
+    poisonWritten(written, slotOf(stream), operation, e);
+}
+
 } // namespace backplane::detail

@@ -161,7 +161,12 @@ ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
     refuseWhileRecording(stream, "readTensor()");
     const uint64_t packed = checkTensor(tensor, "readTensor", false);
     if (packed == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
-    if (isPacked(tensor)) return read(stream, tensor.buffer, 0, packed);
+    // Only the tensor's own bytes must hold valid data, not the gaps between its rows.
+    if (Slice &slice = *sliceOf(tensor.buffer, "readTensor"); slice.poison.any())
+        for (const Run &r : runsOf(tensor))
+            refusePoisoned(slice, tensor.buffer.offset() + r.device,
+                           tensor.buffer.offset() + r.device + r.bytes, "readTensor");
+    if (isPacked(tensor)) return read(stream, tensor.buffer, 0, packed, true);
     // One read of the whole span (one transfer beats one per row), packed on the host. The
     // result is allocated now: a tensor too large for host memory (a broadcast of a few bytes to
     // terabytes) fails here with Error(OutOfMemory), before anything is transferred.
@@ -186,7 +191,7 @@ ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
     } catch (const std::exception &) { // std::bad_alloc, std::length_error
         throw tooLarge();
     }
-    auto whole = std::make_shared<ReadFuture>(read(stream, tensor.buffer, 0, span));
+    auto whole = std::make_shared<ReadFuture>(read(stream, tensor.buffer, 0, span, true));
     return ReadFuture([whole, out, tensor] {
         const std::vector<std::byte> bytes = whole->wait();
         gather(tensor, bytes.data(), out->data());
@@ -206,7 +211,17 @@ void ComputeServer::writeTensor(StreamId stream, const Tensor &tensor, const voi
     // One stream-ordered write per run: the bytes between rows (padding, or other data of a
     // larger tensor) are never touched.
     const auto *bytes = static_cast<const std::byte *>(data);
-    for (const Run &r : runsOf(tensor)) write(stream, tensor.buffer, r.device, bytes + r.host, r.bytes);
+    const std::vector<Run> runs = runsOf(tensor);
+    // A failure part-way poisons every run, also those after it that were never issued.
+    Slice *slice = sliceOf(tensor.buffer, "writeTensor").get();
+    std::vector<SliceRange> written;
+    written.reserve(runs.size());
+    for (const Run &r : runs)
+        written.push_back({slice, tensor.buffer.offset() + r.device,
+                           tensor.buffer.offset() + r.device + r.bytes});
+    issueWriting(written, slotOf(stream), [] { return std::string("writeTensor"); }, [&] {
+        for (const Run &r : runs) write(stream, tensor.buffer, r.device, bytes + r.host, r.bytes);
+    });
 }
 
 } // namespace backplane::detail
