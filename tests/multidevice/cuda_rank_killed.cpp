@@ -94,12 +94,22 @@ bool allReduceOnce(ComputeClient &client, Communicator &comm, uint32_t rank, siz
     return true;
 }
 
-Communicator join(ComputeClient &client, const std::string &dir, uint32_t process) {
+/// A communicator of two processes (one GPU each) and the rendezvous it met on.
+struct Joined {
+    std::unique_ptr<Rendezvous> rendezvous;
+    Communicator comm;
+};
+
+/// `timeout`: the communicator's (a collective whose peer is gone fails after it); the second
+/// communicator waits longer, for the survivor's timeout and reopen.
+Joined join(ComputeClient &client, const std::string &dir, uint32_t process,
+            std::chrono::milliseconds timeout = 10s) {
     auto rendezvous = directoryRendezvous(dir, process, 2);
     CommunicatorOptions options;
-    options.timeout = 10s;
+    options.timeout = timeout;
     std::vector<ComputeClient> clients = {client};
-    return Communicator::create(clients, *rendezvous, options);
+    Communicator comm = Communicator::create(clients, *rendezvous, options);
+    return {std::move(rendezvous), std::move(comm)};
 }
 
 } // namespace
@@ -136,11 +146,17 @@ int main() {
         auto runtime = cudaRuntime();
         ComputeClient client = runtime->open(runtime->select("cuda:0"));
         {
-            Communicator comm = join(client, first, 0);
+            Joined joined = join(client, first, 0);
+            Communicator &comm = joined.comm;
             if (!allReduceOnce(client, comm, 0, 1 << 16)) {
                 std::printf("survivor: the first all-reduce is wrong\n");
                 return 2;
             }
+            // Both are past the first all-reduce; process 1 then issues its part of the next
+            // one and is killed while its kernel waits for this process's part, which comes
+            // after the kill: a peer gone in the middle of the collective.
+            (void)joined.rendezvous->allGather({}, 30s);
+            std::this_thread::sleep_for(1500ms);
             const auto before = std::chrono::steady_clock::now();
             try {
                 (void)allReduceOnce(client, comm, 0, size_t{1} << 26); // 256 MiB
@@ -158,19 +174,21 @@ int main() {
         // Close the dead open and open the GPU again, in this process.
         client.close();
         ComputeClient again = runtime->open(runtime->select("cuda:0"));
-        Communicator comm = join(again, second, 0);
-        const bool right = allReduceOnce(again, comm, 0, 1 << 20);
+        Joined joined = join(again, second, 0, 60s);
+        const bool right = allReduceOnce(again, joined.comm, 0, 1 << 20);
         std::printf("survivor: the all-reduce after the reopen is %s\n", right ? "right" : "WRONG");
         return right ? 0 : 5;
     });
     const pid_t victim = spawn("victim", [&] {
         auto runtime = cudaRuntime();
         ComputeClient client = runtime->open(runtime->select("cuda:1"));
-        Communicator comm = join(client, first, 1);
-        if (!allReduceOnce(client, comm, 1, 1 << 16)) return 2;
+        Joined joined = join(client, first, 1);
+        if (!allReduceOnce(client, joined.comm, 1, 1 << 16)) return 2;
+        (void)joined.rendezvous->allGather({}, 30s);
         Buffer b = client.createFrom<float>(std::vector<float>(size_t{1} << 26, 2.0f));
-        comm.allReduce(b, b, size_t{1} << 26, DataType::F32, ReduceOp::Sum);
+        joined.comm.allReduce(b, b, size_t{1} << 26, DataType::F32, ReduceOp::Sum);
         client.flush();
+        std::this_thread::sleep_for(300ms); // its kernel now waits for process 0's part
         std::printf("victim: killed with the all-reduce in flight\n");
         std::fflush(stdout);
         raise(SIGKILL);
@@ -181,8 +199,8 @@ int main() {
     const pid_t replacement = spawn("replacement", [&] {
         auto runtime = cudaRuntime();
         ComputeClient client = runtime->open(runtime->select("cuda:1"));
-        Communicator comm = join(client, second, 1);
-        return allReduceOnce(client, comm, 1, 1 << 20) ? 0 : 5;
+        Joined joined = join(client, second, 1, 60s);
+        return allReduceOnce(client, joined.comm, 1, 1 << 20) ? 0 : 5;
     });
     const int survivorStatus = waitFor(survivor, 180s);
     const int replacementStatus = waitFor(replacement, 60s);
