@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -374,4 +375,90 @@ TEST_CASE("trace render refuses hostile and malformed files, naming the file and
     refused(R"({"traceEvents":[)", "");
     const std::string missing = errorOf(scratch("missing.json"));
     CHECK(missing.find("missing.json") != std::string::npos);
+}
+
+namespace {
+
+constexpr uint32_t kDeviceLane = 1u << 21; // trace_recorder.hpp's kTraceDeviceLane
+
+/// Spins 20 ms (one workgroup; bindings x, which it leaves alone).
+void spinHost(const bp_host_kernel_context *) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+}
+
+/// On stream 1: x written, a 20 ms kernel, x read back (the read draws the device spans).
+void runSpin(ComputeClient &client) {
+    StreamGuard one(1);
+    Buffer x = client.createFrom<uint32_t>(std::vector<uint32_t>(kCount, 7));
+    Dispatch d;
+    d.bindings = {x};
+    client.execute(KernelSource{"spin", {KernelVariant::host(&spinHost, "spin")}}, d);
+    CHECK(client.readAs<uint32_t>(x)[0] == 7);
+}
+
+} // namespace
+
+TEST_CASE("device times: each operation's device execution is drawn on its slot's device lane, "
+          "inside its host span; without the option there is no device lane") {
+    const fs::path file = scratch("device_times.json");
+    const Runtime runtime(hostConfig("async"));
+    ComputeClient client = runtime.open(runtime.select("host"));
+    REQUIRE((client.device().capabilities & BP_CAPABILITY_TIMESTAMPS) != 0);
+    {
+        TraceOptions options;
+        options.deviceTimes = true;
+        Trace trace(file, options);
+        runSpin(client);
+        trace.stop();
+    }
+    const std::vector<nlohmann::json> events = completeEvents(readTrace(file));
+    const auto pidOf = [&] {
+        for (const auto &e : events)
+            if (e.at("name") == "spin") return e.at("pid").get<uint64_t>();
+        return uint64_t{0};
+    };
+    const uint64_t pid = pidOf();
+    const nlohmann::json *host = find(events, pid, 1, "spin");
+    const nlohmann::json *device = find(events, pid, kDeviceLane + 1, "spin");
+    const nlohmann::json *read = find(events, pid, 1, "read (wait)");
+    REQUIRE(host != nullptr);
+    REQUIRE(device != nullptr);
+    REQUIRE(read != nullptr);
+    // The kernel ran 20 ms on the device; the host only submitted it.
+    CHECK(device->at("dur").get<double>() >= 19000);
+    CHECK(device->at("cat") == "launch");
+    // It ran after its submission began and before the read that waited for it returned (the
+    // anchor's wake-up may place it a little late: 2 ms of slack).
+    const double deviceStart = device->at("ts").get<double>();
+    const double deviceEnd = deviceStart + device->at("dur").get<double>();
+    CHECK(deviceStart >= host->at("ts").get<double>() - 2000);
+    CHECK(deviceEnd <= read->at("ts").get<double>() + read->at("dur").get<double>() + 2000);
+    // The write of x went through staging: its chunk is on the device lane too.
+    CHECK(find(events, pid, kDeviceLane + 1, "write chunk") != nullptr);
+
+    // Without the option: no device lane.
+    const fs::path plain = scratch("no_device_times.json");
+    {
+        Trace trace(plain);
+        runSpin(client);
+        trace.stop();
+    }
+    for (const auto &e : completeEvents(readTrace(plain))) CHECK(e.at("tid").get<uint64_t>() < kDeviceLane);
+}
+
+TEST_CASE("device times on scheduler streams: nothing on a device lane (the host runs the work "
+          "when it is flushed; its boxes are already on the host lanes)") {
+    const fs::path file = scratch("device_times_sync.json");
+    const Runtime runtime(hostConfig("sync"));
+    ComputeClient client = runtime.open(runtime.select("host"));
+    TraceOptions options;
+    options.deviceTimes = true;
+    Trace trace(file, options);
+    runSpin(client);
+    trace.stop();
+    const std::vector<nlohmann::json> events = completeEvents(readTrace(file));
+    CHECK(!events.empty());
+    for (const auto &e : events) CHECK(e.at("tid").get<uint64_t>() < kDeviceLane);
 }

@@ -67,7 +67,7 @@ const std::vector<Suite> &suites() {
 int usage(bool asked = false) {
     std::FILE *out = asked ? stdout : stderr;
     std::fputs("usage: backplane bench [SUITE...] [--quick] [--json] [--device SELECTOR] "
-               "[--trace FILE]\nsuites:",
+               "[--trace FILE | --trace-device FILE]\nsuites:",
                out);
     for (const Suite &s : suites()) std::fprintf(out, " %s", s.name);
     std::fputs("\n", out);

@@ -210,10 +210,12 @@ int runDataParallel(const std::string &which) {
 /// runDemo without --trace.
 static int runDemoUntraced(const Args &args) {
     static constexpr const char *kUsage =
-        "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...] [--trace FILE]\n"
+        "usage: backplane demo [--device SELECTOR | --devices all|SEL,SEL...] [--trace FILE |\n"
+        "                      --trace-device FILE]\n"
         "Runs the built-in workload (a matmul, checked against the host) on the best device\n"
         "present, or the one SELECTOR names; --devices runs it data-parallel over several;\n"
-        "--trace FILE records a timeline of the run (docs/trace.md).\n";
+        "--trace FILE records a timeline of the run (docs/trace.md); --trace-device FILE also\n"
+        "draws when each operation ran on the device.\n";
     if (wantsHelp(args)) return printUsage(kUsage, true);
     std::string selector;
     std::string many;

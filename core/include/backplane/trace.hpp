@@ -8,6 +8,17 @@
 
 namespace backplane {
 
+/// How a Trace records.
+struct TraceOptions {
+    /// Also draw when each operation ran on the device (docs/trace.md, "Device times"): on
+    /// devices with timestamps (DeviceInfo::capabilities & BP_CAPABILITY_TIMESTAMPS, async
+    /// streams) every launch, copy, fill, transfer and collective gets a timing event before and
+    /// after it, and its device execution is drawn on the lane "device: stream slot N". This
+    /// changes what it measures (two events and a submission per operation): leave it off to see
+    /// the runtime's own costs. BACKPLANE_TRACE_DEVICE=1 turns it on for BACKPLANE_TRACE.
+    bool deviceTimes = false;
+};
+
 /// Records a timeline of the work of every opened device of this process — launches,
 /// transfers and their staging chunks, device copies, fills, collectives, cross-stream waits,
 /// syncs, allocations, pool pages and GC releases — and writes it as a Chrome / Perfetto trace
@@ -15,7 +26,8 @@ namespace backplane {
 /// `backplane trace render FILE OUT.svg` (renderTraceSvg).
 ///
 /// One trace records at a time per process. Times are host times (the submission of an
-/// operation and its return; the real length of host waits), in microseconds from the start.
+/// operation and its return; the real length of host waits), in microseconds from the start;
+/// with TraceOptions::deviceTimes, device execution is drawn on lanes of its own.
 /// Events are kept in memory (at most 4 million; later ones are counted and dropped) and the file
 /// is written by stop() or the destructor, never under an engine lock. While no trace records,
 /// each operation pays one relaxed atomic load. The environment variable BACKPLANE_TRACE=FILE
@@ -27,7 +39,7 @@ public:
     /// Starts recording into `file` (created now, written at stop()). Throws
     /// Error(InvalidArgument) when a trace already records (naming its file), or when `file` is
     /// empty or cannot be created (naming it and the reason).
-    explicit Trace(std::filesystem::path file);
+    explicit Trace(std::filesystem::path file, TraceOptions options = {});
     /// stop(), logging a failure to write the file as a warning instead of throwing.
     ~Trace();
     Trace(const Trace &) = delete;

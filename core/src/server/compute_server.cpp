@@ -62,6 +62,8 @@ ComputeServer::ComputeServer(std::shared_ptr<Driver> driver, const Config &confi
         multi_ = std::make_unique<MultiStream>(streams_, maxStreams_, tracker_,
                                                [this](const std::string &why) { markLost(why); });
         multi_->setTracePid(tracePid());
+        deviceTimes_ = driver_->hasCapability(BP_CAPABILITY_TIMESTAMPS) &&
+                       driver_->plugin().has(&bp_plugin_api::event_elapsed_ns);
     } else {
         scheduler_ = std::make_unique<SchedulerMultiStream>(
             *streams_, maxStreams_, config_.schedulerMaxTasks, config_.schedulerMode);
@@ -293,6 +295,8 @@ void ComputeServer::waitFence(const Fence &fence) {
 void ComputeServer::waitFence(const std::weak_ptr<ComputeServer> &server, const Fence &fence) {
     if (auto alive = server.lock()) {
         alive->waitFence(fence);
+        if (alive->pendingDeviceSpans_.load(std::memory_order_relaxed) != 0)
+            alive->drawDeviceSpans(fence.slot);
         return;
     }
     // The client is gone; its teardown waited for every stream, so this returns at once (or
@@ -322,6 +326,8 @@ std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count, uint32_t sl
 
 void ComputeServer::throttle(uint32_t slot) {
     if (multi_) multi_->gc().throttle(slot);
+    // Device times: a program that never syncs still gets its spans drawn, in batches.
+    if (pendingDeviceSpans_.load(std::memory_order_relaxed) >= 1024) drawDeviceSpans(slot);
 }
 
 // ----- memory -----------------------------------------------------------------------------------
@@ -739,12 +745,14 @@ void ComputeServer::launchChecked(StreamId stream, const KernelSource &kernel,
             submit(slot, std::span(slices.data(), slices.size()), [&](bp_stream *s) {
                 args.bindings = bindings.data();
                 args.scalars = dispatch.scalars.empty() ? nullptr : dispatch.scalars.data();
-                try {
-                    driver->launch(s, args, kernel.name);
-                } catch (const Error &) {
-                    launchRefused = true;
-                    throw;
-                }
+                timed(s, slot, "launch", kernel.name, [&] {
+                    try {
+                        driver->launch(s, args, kernel.name);
+                    } catch (const Error &) {
+                        launchRefused = true;
+                        throw;
+                    }
+                });
             });
         };
         try {
@@ -814,6 +822,7 @@ void ComputeServer::syncSlot(uint32_t slot) {
             throw;
         }
         if (span) traceComplete(tracePid(), slot, "sync", "sync", span.start);
+        if (pendingDeviceSpans_.load(std::memory_order_relaxed) != 0) drawDeviceSpans(slot);
         return; // `holds` drops here: their uses completed
     }
     // Interleaved batches may run on another slot's backend stream: submit and wait for all.
@@ -883,6 +892,7 @@ void ComputeServer::syncAll() {
     if (span)
         traceComplete(tracePid(), kTraceHostLane, "sync", "sync all streams", span.start,
                       {{"fences", fences.size()}});
+    if (pendingDeviceSpans_.load(std::memory_order_relaxed) != 0) drawDeviceSpans(0);
 }
 
 void ComputeServer::syncAllChecked() {

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace backplane::detail {
@@ -329,6 +330,15 @@ private:
     template <class F, class D>
     void issueWriting(std::span<const SliceRange> written, uint32_t slot, D &&describe,
                       F &&issue);
+    /// Runs `op`, which enqueues one operation on stream `s` of `slot` (engine lock held). While
+    /// a trace records device times on a device that has timestamps, `op` goes between two
+    /// timing events, and the span is drawn on the slot's device lane once its work completed
+    /// (trace_device.cpp, docs/trace.md "Device times").
+    template <class F>
+    void timed(bp_stream *s, uint32_t slot, const char *category, std::string_view name, F &&op);
+    /// Draws the device spans whose work completed, placed on the host clock by a timing event
+    /// on `slot` waited for now (no lock held; never throws). Called after syncs and reads.
+    void drawDeviceSpans(uint32_t slot) noexcept;
     /// Poisons `written` with the failure `e` of the operation `operation` on `slot`.
     void poisonWritten(std::span<const SliceRange> written, uint32_t slot,
                        const std::string &operation, const std::exception &e) const;
@@ -393,6 +403,18 @@ private:
     /// with DeviceLost here.
     std::vector<uint64_t> predecessors_;
     std::vector<Hold> lostHolds_; ///< what failed work used: kept until teardown
+
+    /// One operation between two timing events, waiting to be drawn (device times).
+    struct DeviceSpan {
+        uint32_t slot = 0;
+        const char *category = "";
+        std::string name;
+        EventOwner start, end;
+    };
+    /// Async streams with timestamps and event_elapsed_ns: device times can be drawn.
+    bool deviceTimes_ = false;
+    std::vector<DeviceSpan> deviceSpans_;          ///< guarded by mutex_
+    std::atomic<size_t> pendingDeviceSpans_{0};    ///< deviceSpans_.size(), read without the lock
 
     std::mutex mutex_; ///< the engine lock (see the class comment)
     std::vector<FreeRecord> freeScratch_;
@@ -473,6 +495,21 @@ void ComputeServer::issueWriting(std::span<const SliceRange> written, uint32_t s
         throw;
     }
     for (const SliceRange &w : written) w.slice->poison.clear(w.begin, w.end);
+}
+
+template <class F>
+void ComputeServer::timed(bp_stream *s, uint32_t slot, const char *category,
+                          std::string_view name, F &&op) {
+    if (!deviceTimes_ || !tracingDevice()) {
+        op();
+        return;
+    }
+    EventOwner start = driver_->flush(s, true, true);
+    op();
+    EventOwner end = driver_->flush(s, true, true);
+    counters_.eventsCreated += 2;
+    deviceSpans_.push_back({slot, category, std::string(name), std::move(start), std::move(end)});
+    pendingDeviceSpans_.store(deviceSpans_.size(), std::memory_order_relaxed);
 }
 
 template <class F> void ComputeServer::scheduled(F &&work) {

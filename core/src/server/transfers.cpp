@@ -148,8 +148,10 @@ void ComputeServer::writeStaged(uint32_t slot, const std::shared_ptr<Slice> &sli
         ParallelCopy::shared().copy(lease.data(), src + at, n, plan);
         std::lock_guard lock(mutex_);
         submit(slot, slices, [&](bp_stream *s) {
-            driver->copyHostToDevice(s, lease.data(), slice->memory, slice->offset + offset + at,
-                                     n);
+            timed(s, slot, "transfer", "write chunk", [&] {
+                driver->copyHostToDevice(s, lease.data(), slice->memory,
+                                         slice->offset + offset + at, n);
+            });
         });
         ready = fenceLocked(slot);
         if (chunkSpan)
@@ -194,8 +196,10 @@ void ComputeServer::readStaged(uint32_t slot, const std::shared_ptr<Slice> &slic
         const uint64_t n = chunks.bytes(i);
         std::lock_guard lock(mutex_);
         submit(slot, slices, [&](bp_stream *s) {
-            driver->copyDeviceToHost(s, slice->memory, slice->offset + offset + at, lease.data(),
-                                     n);
+            timed(s, slot, "transfer", "read chunk", [&] {
+                driver->copyDeviceToHost(s, slice->memory, slice->offset + offset + at,
+                                         lease.data(), n);
+            });
         });
         lease.block().ready = fenceLocked(slot);
     }
@@ -434,9 +438,11 @@ void ComputeServer::write(StreamId stream, const Buffer &buffer, uint64_t offset
     const SliceRange written[] = {{slice.get(), offset, offset + size}};
     issueWriting(written, slot, [] { return std::string("write (pinned)"); }, [&] {
         std::lock_guard lock(mutex_);
+        // Scheduler streams run the op later: it captures by value.
         submit(slot, slices,
-               [driver, memory, base, src, size](bp_stream *s) {
-                   driver->copyHostToDevice(s, src, memory, base, size);
+               [this, driver, memory, base, src, size, slot](bp_stream *s) {
+                   timed(s, slot, "transfer", "write (pinned)",
+                         [&] { driver->copyHostToDevice(s, src, memory, base, size); });
                },
                data.block_);
     });
@@ -473,8 +479,9 @@ void ComputeServer::readInto(StreamId stream, const Buffer &buffer, uint64_t off
     Fence fence;
     {
         std::lock_guard lock(mutex_);
-        submit(slot, slices, [driver, memory, base, dst, size](bp_stream *s) {
-            driver->copyDeviceToHost(s, memory, base, dst, size);
+        submit(slot, slices, [this, driver, memory, base, dst, size, slot](bp_stream *s) {
+            timed(s, slot, "transfer", "read (pinned)",
+                  [&] { driver->copyDeviceToHost(s, memory, base, dst, size); });
         }, into.block_);
         if (multi_) fence = fenceLocked(slot);
     }
@@ -529,8 +536,10 @@ void ComputeServer::copy(StreamId stream, const Buffer &src, uint64_t srcOffset,
         refuseDependent(hit, written, "copy (not issued)");
     issueWriting(written, slot, [] { return std::string("copy"); }, [&] {
         std::lock_guard lock(mutex_);
-        submit(slot, slices, [=](bp_stream *s) {
-            driver->copyDeviceToDevice(s, from, fromOffset, to, toOffset, size);
+        submit(slot, slices, [=, this](bp_stream *s) {
+            timed(s, slot, "copy", "copy", [&] {
+                driver->copyDeviceToDevice(s, from, fromOffset, to, toOffset, size);
+            });
         });
     });
     throttle(slot);
@@ -596,8 +605,10 @@ void ComputeServer::fill(StreamId stream, const Buffer &buffer, uint32_t pattern
     issueWriting(written, slot, [] { return std::string("fill"); }, [&] {
         if (words != 0) {
             std::lock_guard lock(mutex_);
-            submit(slot, slices,
-                   [=](bp_stream *s) { driver->fill(s, memory, base, words, pattern); });
+            submit(slot, slices, [=, this](bp_stream *s) {
+                timed(s, slot, "fill", "fill",
+                      [&] { driver->fill(s, memory, base, words, pattern); });
+            });
         }
         if (tail != 0)
             write(stream, buffer, offset - buffer.offset() + words, tailBytes.data(), tail);

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -63,7 +64,7 @@ struct Taken {
     std::map<uint32_t, std::string> deviceNames;
 };
 
-uint64_t startSession(const std::filesystem::path &file) {
+uint64_t startSession(const std::filesystem::path &file, bool deviceTimes) {
     if (file.empty())
         throw Error(ErrorCode::InvalidArgument,
                     "Trace: the file name is empty; name the JSON file to write the trace to");
@@ -86,6 +87,7 @@ uint64_t startSession(const std::filesystem::path &file) {
     r.start = TraceClock::now();
     r.events.clear();
     r.dropped = 0;
+    traceDeviceOn.store(deviceTimes, std::memory_order_relaxed);
     traceOn.store(true, std::memory_order_relaxed);
     return ++r.session;
 }
@@ -98,6 +100,7 @@ bool stopSession(uint64_t session, Taken &out) {
     if (!r.active || (session != 0 && r.session != session)) return false;
     r.active = false;
     traceOn.store(false, std::memory_order_relaxed);
+    traceDeviceOn.store(false, std::memory_order_relaxed);
     out.file = r.file;
     out.start = r.start;
     out.events.swap(r.events);
@@ -116,7 +119,10 @@ std::string laneName(uint32_t tid) {
     case kTraceMemoryLane: return "memory (pool pages)";
     case kTraceGcLane: return "GC (cross-stream holds released)";
     case kTraceHostLane: return "host (waits for every stream)";
-    default: return "stream slot " + std::to_string(tid);
+    default:
+        if (tid >= kTraceDeviceLane)
+            return "device: stream slot " + std::to_string(tid - kTraceDeviceLane);
+        return "stream slot " + std::to_string(tid);
     }
 }
 
@@ -248,7 +254,9 @@ bool startEnvironmentTrace() noexcept {
     // Read once: a later Runtime does not start it again (it would overwrite the file).
     if (environmentStarted.exchange(true)) return false;
     try {
-        environmentSession.store(startSession(file));
+        const char *device = std::getenv("BACKPLANE_TRACE_DEVICE");
+        const bool deviceTimes = device != nullptr && std::string_view(device) == "1";
+        environmentSession.store(startSession(file, deviceTimes));
         std::atexit([] { stopEnvironmentTrace(); }); // a Runtime that is never destroyed
         log::write(log::Subsystem::Streams, log::Level::Info,
                    std::string("BACKPLANE_TRACE: recording a trace into ") + file);
@@ -280,8 +288,8 @@ void stopEnvironmentTrace() noexcept {
 
 namespace backplane {
 
-Trace::Trace(std::filesystem::path file)
-    : file_(std::move(file)), session_(detail::startSession(file_)) {}
+Trace::Trace(std::filesystem::path file, TraceOptions options)
+    : file_(std::move(file)), session_(detail::startSession(file_, options.deviceTimes)) {}
 
 Trace::~Trace() {
     try {

@@ -15,11 +15,17 @@ using TraceClock = std::chrono::steady_clock;
 /// True while a trace records. The only cost of tracing when it is off: one relaxed load.
 inline std::atomic<bool> traceOn{false};
 inline bool tracing() noexcept { return traceOn.load(std::memory_order_relaxed); }
+/// True while a trace records device times too (TraceOptions::deviceTimes,
+/// BACKPLANE_TRACE_DEVICE=1): servers put timing events around their operations.
+inline std::atomic<bool> traceDeviceOn{false};
+inline bool tracingDevice() noexcept { return traceDeviceOn.load(std::memory_order_relaxed); }
 
 /// Lanes (Chrome "tid") besides the stream slots, whose lane is the slot index.
 inline constexpr uint32_t kTraceMemoryLane = 1u << 20; ///< pool pages taken from / given back
 inline constexpr uint32_t kTraceGcLane = kTraceMemoryLane + 1; ///< cross-stream holds released
 inline constexpr uint32_t kTraceHostLane = kTraceMemoryLane + 2; ///< waits for every stream
+/// Device execution of stream slot N (device times): lane kTraceDeviceLane + N.
+inline constexpr uint32_t kTraceDeviceLane = 1u << 21;
 
 /// One numeric argument of an event ("bytes": 4096). `key` is a string literal.
 struct TraceArg {

@@ -1,0 +1,54 @@
+// Device times in traces (docs/trace.md, "Device times"): operations that ran between two timing
+// events are drawn on their slot's device lane once their work completed.
+#include "server/compute_server.hpp"
+
+#include <chrono>
+
+namespace backplane::detail {
+
+void ComputeServer::drawDeviceSpans(uint32_t slot) noexcept {
+    try {
+        std::vector<DeviceSpan> spans;
+        {
+            std::lock_guard lock(mutex_);
+            spans.swap(deviceSpans_);
+            pendingDeviceSpans_.store(0, std::memory_order_relaxed);
+        }
+        if (spans.empty()) return;
+        // Which spans completed is asked before the anchor is recorded: the anchor then comes
+        // after all of them on the device, so every elapsed time below is positive.
+        std::vector<DeviceSpan> done, later;
+        for (DeviceSpan &span : spans)
+            (driver_->eventQuery(span.end.get()) ? done : later).push_back(std::move(span));
+        if (!done.empty() && tracingDevice()) {
+            // The anchor: a timing event on `slot` (idle after the sync or read that called
+            // this), waited for; the host clock right after is its device time, give or take
+            // the wait's wake-up.
+            EventOwner anchor;
+            {
+                std::lock_guard lock(mutex_);
+                anchor = driver_->flush(static_cast<bp_stream *>(multi_->slot(slot).stream), true,
+                                        true);
+                ++counters_.eventsCreated;
+            }
+            driver_->eventWait(anchor.get());
+            const TraceClock::time_point anchorHost = TraceClock::now();
+            const auto before = [&](bp_event *event) {
+                return anchorHost - std::chrono::nanoseconds(driver_->elapsedNs(event, anchor.get()));
+            };
+            for (const DeviceSpan &span : done)
+                traceComplete(tracePid(), kTraceDeviceLane + span.slot, span.category, span.name,
+                              before(span.start.get()), before(span.end.get()), {});
+        }
+        if (!later.empty() && tracingDevice()) {
+            std::lock_guard lock(mutex_);
+            for (DeviceSpan &span : later) deviceSpans_.push_back(std::move(span));
+            pendingDeviceSpans_.store(deviceSpans_.size(), std::memory_order_relaxed);
+        }
+    } catch (const std::exception &) {
+        // A trace never fails the program: spans whose events failed (a lost device) are
+        // dropped.
+    }
+}
+
+} // namespace backplane::detail
