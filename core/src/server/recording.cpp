@@ -378,9 +378,11 @@ void ComputeServer::replay(StreamId stream, const Recording &recording) {
             // it completed.
             submit(
                 slot, std::span<const SlicePtr>(slices.data(), slices.size()),
-                [driver, version](bp_stream *s) {
-                    if (version->graph) driver->graphLaunch(s, version->graph->get());
-                    else replayCalls(*driver, s, *version);
+                [this, driver, version, slot](bp_stream *s) {
+                    timed(s, slot, "replay", "replay", [&] {
+                        if (version->graph) driver->graphLaunch(s, version->graph->get());
+                        else replayCalls(*driver, s, *version);
+                    });
                 },
                 Hold(version));
         } catch (const std::exception &e) {
