@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace backplane;
@@ -461,4 +462,62 @@ TEST_CASE("device times on scheduler streams: nothing on a device lane (the host
     const std::vector<nlohmann::json> events = completeEvents(readTrace(file));
     CHECK(!events.empty());
     for (const auto &e : events) CHECK(e.at("tid").get<uint64_t>() < kDeviceLane);
+}
+
+TEST_CASE("device times never hold work back nor fail a call: a read returns while later work "
+          "on its stream waits; thousands of spans without a sync; finished work is drawn at "
+          "stop() (review findings)") {
+    const fs::path file = scratch("device_times_review.json");
+    const Runtime runtime(hostConfig("async"));
+    ComputeClient client = runtime.open(runtime.select("host"));
+    TraceOptions options;
+    options.deviceTimes = true;
+    Trace trace(file, options);
+    {
+        StreamGuard one(1);
+        GateOpener opener;
+        Buffer x = client.createFrom<uint32_t>(std::vector<uint32_t>(kCount, 1));
+        client.sync();
+        ReadFuture pending = client.read(x);
+        gate.store(false); // the kernel below waits for the gate, after the read on the stream
+        Dispatch d;
+        d.block = {256, 1, 1};
+        d.grid = {kCount / 256, 1, 1};
+        d.bindings = {x};
+        d.scalar(kCount);
+        client.execute(KernelSource{"produce", {KernelVariant::host(&produceHost, "produce")}}, d);
+        std::atomic<bool> waited{false};
+        std::thread watchdog([&waited] { // opens the gate after 5 s if the wait hangs
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+            while (!waited.load() && std::chrono::steady_clock::now() < until)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            gate.store(true);
+        });
+        const auto before = std::chrono::steady_clock::now();
+        CHECK(pending.wait().size() == kCount * 4);
+        // The wait's drawing anchored on a stream of its own, not behind the gated kernel.
+        CHECK(std::chrono::steady_clock::now() - before < std::chrono::seconds(2));
+        CHECK_FALSE(gate.load());
+        waited.store(true);
+        watchdog.join();
+        // 3000 fills and no sync: every call succeeds (spans beyond the bound go untimed).
+        for (int i = 0; i < 3000; ++i) client.fill(x, static_cast<uint32_t>(i));
+        CHECK(client.readAs<uint32_t>(x)[0] == 2999u);
+        // A last 20 ms kernel, finished before stop() with no sync or read after it.
+        Dispatch spin;
+        spin.bindings = {x};
+        client.execute(KernelSource{"spin_last", {KernelVariant::host(&spinHost, "spin")}}, spin);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    trace.stop();
+    const std::vector<nlohmann::json> events = completeEvents(readTrace(file));
+    bool last = false;
+    size_t fills = 0;
+    for (const auto &e : events) {
+        if (e.at("tid").get<uint64_t>() != kDeviceLane + 1) continue;
+        last = last || e.at("name") == "spin_last";
+        fills += e.at("name") == "fill";
+    }
+    CHECK(last);
+    CHECK(fills > 0);
 }

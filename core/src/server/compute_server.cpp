@@ -296,7 +296,7 @@ void ComputeServer::waitFence(const std::weak_ptr<ComputeServer> &server, const 
     if (auto alive = server.lock()) {
         alive->waitFence(fence);
         if (alive->pendingDeviceSpans_.load(std::memory_order_relaxed) != 0)
-            alive->drawDeviceSpans(fence.slot);
+            alive->drawDeviceSpans();
         return;
     }
     // The client is gone; its teardown waited for every stream, so this returns at once (or
@@ -326,8 +326,10 @@ std::vector<StagingLease> ComputeServer::stagingBlocks(size_t count, uint32_t sl
 
 void ComputeServer::throttle(uint32_t slot) {
     if (multi_) multi_->gc().throttle(slot);
-    // Device times: a program that never syncs still gets its spans drawn, in batches.
-    if (pendingDeviceSpans_.load(std::memory_order_relaxed) >= 1024) drawDeviceSpans(slot);
+    // Device times: a program that never syncs still gets its spans drawn, in batches, once
+    // the oldest is done (one event query while it is not).
+    if (pendingDeviceSpans_.load(std::memory_order_relaxed) >= kMaxDeviceSpans / 2)
+        drawDeviceSpans(true);
 }
 
 // ----- memory -----------------------------------------------------------------------------------
@@ -822,7 +824,7 @@ void ComputeServer::syncSlot(uint32_t slot) {
             throw;
         }
         if (span) traceComplete(tracePid(), slot, "sync", "sync", span.start);
-        if (pendingDeviceSpans_.load(std::memory_order_relaxed) != 0) drawDeviceSpans(slot);
+        if (pendingDeviceSpans_.load(std::memory_order_relaxed) != 0) drawDeviceSpans();
         return; // `holds` drops here: their uses completed
     }
     // Interleaved batches may run on another slot's backend stream: submit and wait for all.
@@ -892,7 +894,7 @@ void ComputeServer::syncAll() {
     if (span)
         traceComplete(tracePid(), kTraceHostLane, "sync", "sync all streams", span.start,
                       {{"fences", fences.size()}});
-    if (pendingDeviceSpans_.load(std::memory_order_relaxed) != 0) drawDeviceSpans(0);
+    if (pendingDeviceSpans_.load(std::memory_order_relaxed) != 0) drawDeviceSpans();
 }
 
 void ComputeServer::syncAllChecked() {

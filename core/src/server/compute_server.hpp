@@ -337,8 +337,14 @@ private:
     template <class F>
     void timed(bp_stream *s, uint32_t slot, const char *category, std::string_view name, F &&op);
     /// Draws the device spans whose work completed, placed on the host clock by a timing event
-    /// on `slot` waited for now (no lock held; never throws). Called after syncs and reads.
-    void drawDeviceSpans(uint32_t slot) noexcept;
+    /// on a stream of its own (idle: waiting for it waits for nothing else), waited for now. No
+    /// lock held; never throws. `whenOldestDone`: only when the oldest pending span completed
+    /// (the cheap check of the issuing path). Called after syncs and reads, when many spans
+    /// are pending, and when a trace stops.
+    void drawDeviceSpans(bool whenOldestDone = false) noexcept;
+    /// Once per server (engine lock held): Trace::stop() draws this server's finished spans
+    /// before the trace ends.
+    void registerDeviceFlusher();
     /// Poisons `written` with the failure `e` of the operation `operation` on `slot`.
     void poisonWritten(std::span<const SliceRange> written, uint32_t slot,
                        const std::string &operation, const std::exception &e) const;
@@ -415,6 +421,11 @@ private:
     bool deviceTimes_ = false;
     std::vector<DeviceSpan> deviceSpans_;          ///< guarded by mutex_
     std::atomic<size_t> pendingDeviceSpans_{0};    ///< deviceSpans_.size(), read without the lock
+    /// At most this many spans wait (each holds two timing events: Vulkan has 1024 slots);
+    /// beyond it, operations run untimed. Drawing starts at half of it.
+    static constexpr size_t kMaxDeviceSpans = 256;
+    StreamOwner anchorStream_;      ///< the anchors' own stream (guarded by mutex_)
+    bool deviceFlusherSet_ = false; ///< registered with the recorder (guarded by mutex_)
 
     std::mutex mutex_; ///< the engine lock (see the class comment)
     std::vector<FreeRecord> freeScratch_;
@@ -500,16 +511,30 @@ void ComputeServer::issueWriting(std::span<const SliceRange> written, uint32_t s
 template <class F>
 void ComputeServer::timed(bp_stream *s, uint32_t slot, const char *category,
                           std::string_view name, F &&op) {
-    if (!deviceTimes_ || !tracingDevice()) {
+    if (!deviceTimes_ || !tracingDevice() || deviceSpans_.size() >= kMaxDeviceSpans) {
         op();
         return;
     }
-    EventOwner start = driver_->flush(s, true, true);
+    // A timing event the plugin cannot make (out of timestamp slots, say) leaves the operation
+    // untimed: a trace never fails the program.
+    EventOwner start;
+    try {
+        start = driver_->flush(s, true, true);
+    } catch (const std::exception &) {
+        op();
+        return;
+    }
     op();
-    EventOwner end = driver_->flush(s, true, true);
+    EventOwner end;
+    try {
+        end = driver_->flush(s, true, true);
+    } catch (const std::exception &) {
+        return;
+    }
     counters_.eventsCreated += 2;
     deviceSpans_.push_back({slot, category, std::string(name), std::move(start), std::move(end)});
     pendingDeviceSpans_.store(deviceSpans_.size(), std::memory_order_relaxed);
+    registerDeviceFlusher();
 }
 
 template <class F> void ComputeServer::scheduled(F &&work) {

@@ -222,9 +222,10 @@ void ComputeServer::collective(StreamId stream, bp_comm *comm, bp_collective_arg
         refuseDependent(hit, writes, what + " (not issued)");
     issueWriting(writes, slot, [&] { return what; }, [&] {
         std::lock_guard lock(mutex_);
-        submit(slot, std::span(slices.data(), slices.size()), [&](bp_stream *s) {
-            timed(s, slot, "collective", what, [&] { driver->collective(s, comm, args); });
-        });
+        // Not timed for device times: inside a comm group the plugin issues it at the group's
+        // end, after both timing events.
+        submit(slot, std::span(slices.data(), slices.size()),
+               [&](bp_stream *s) { driver->collective(s, comm, args); });
     });
     throttle(slot);
     if (span)

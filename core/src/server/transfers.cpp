@@ -333,7 +333,8 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
         {
             std::lock_guard lock(mutex_);
             submit(slot, slices, [&](bp_stream *s) {
-                driver->copyDeviceToHost(s, memory, base, lease->data(), size);
+                timed(s, slot, "transfer", "read",
+                      [&] { driver->copyDeviceToHost(s, memory, base, lease->data(), size); });
             });
             fence = fenceLocked(slot);
         }
@@ -366,7 +367,10 @@ ReadFuture ComputeServer::read(StreamId stream, const Buffer &buffer, uint64_t o
     {
         std::lock_guard lock(mutex_);
         submit(slot, slices,
-               [&](bp_stream *s) { driver->copyDeviceToHost(s, memory, base, dst, size); },
+               [&](bp_stream *s) {
+                   timed(s, slot, "transfer", "read",
+                         [&] { driver->copyDeviceToHost(s, memory, base, dst, size); });
+               },
                own ? Hold(own) : Hold(out));
         fence = fenceLocked(slot);
     }

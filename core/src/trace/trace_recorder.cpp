@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -242,6 +243,32 @@ void traceComplete(uint32_t pid, uint32_t tid, const char *category, std::string
     r.events.push_back(std::move(e));
 }
 
+namespace {
+
+std::mutex flusherMutex;
+std::vector<std::shared_ptr<const std::function<bool()>>> flushers; ///< guarded by flusherMutex
+
+/// Runs every flusher with no lock held, dropping those whose owner is gone.
+void runFlushers() {
+    std::vector<std::shared_ptr<const std::function<bool()>>> all;
+    {
+        std::lock_guard lock(flusherMutex);
+        all = flushers;
+    }
+    for (const auto &flush : all) {
+        if ((*flush)()) continue;
+        std::lock_guard lock(flusherMutex);
+        std::erase(flushers, flush);
+    }
+}
+
+} // namespace
+
+void traceAddFlusher(std::function<bool()> flush) {
+    std::lock_guard lock(flusherMutex);
+    flushers.push_back(std::make_shared<const std::function<bool()>>(std::move(flush)));
+}
+
 void traceNameDevice(uint32_t pid, std::string name) {
     Recorder &r = recorder();
     std::lock_guard lock(r.mutex);
@@ -272,6 +299,7 @@ void stopEnvironmentTrace() noexcept {
     const uint64_t session = environmentSession.exchange(0);
     if (session == 0) return;
     try {
+        runFlushers();
         Taken taken;
         if (!stopSession(session, taken)) return;
         const size_t n = writeTrace(taken);
@@ -302,6 +330,7 @@ Trace::~Trace() {
 size_t Trace::stop() {
     const uint64_t session = std::exchange(session_, 0);
     if (session == 0) return 0;
+    detail::runFlushers();
     detail::Taken taken;
     if (!detail::stopSession(session, taken)) return 0;
     return detail::writeTrace(taken);

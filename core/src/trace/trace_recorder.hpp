@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -44,6 +45,11 @@ void traceComplete(uint32_t pid, uint32_t tid, const char *category, std::string
 void traceComplete(uint32_t pid, uint32_t tid, const char *category, std::string name,
                    TraceClock::time_point start, TraceClock::time_point end,
                    std::initializer_list<TraceArg> args);
+
+/// Registers `flush`, run (with no lock held) when a trace stops, before its events are taken:
+/// a server draws its finished device spans (device times). It returns false once its owner is
+/// gone; it is then dropped.
+void traceAddFlusher(std::function<bool()> flush);
 
 /// Names device `pid` in traces ("host:0 (open #1)"); kept while the process runs, so a trace
 /// started after the device was opened still names it.
