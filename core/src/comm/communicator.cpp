@@ -1,5 +1,6 @@
 // Communicator: collectives over ranks of one or several processes, on the plugins' engines
 // (NCCL, RCCL, Gloo) or, for any other mix of devices, staged through host memory.
+#include "comm/communicator_state.hpp"
 #include "comm/host_reduce.hpp"
 #include "comm/peer_description.hpp"
 #include "server/compute_server.hpp"
@@ -63,89 +64,7 @@ const char *toString(ReduceOp op) noexcept {
 }
 
 namespace detail {
-
-using Bytes = std::vector<std::byte>;
-
-struct CommunicatorState {
-    std::vector<ComputeClient> clients;
-    std::vector<std::shared_ptr<ComputeServer>> servers;
-    uint32_t process = 0;
-    uint32_t processCount = 1;
-    uint32_t firstRank = 0; ///< global rank of local device 0
-    uint32_t worldSize = 0;
-    std::vector<uint32_t> processOfRank; ///< global rank -> process
-    std::string engine;
-    bool staged = false;
-    /// Open groupStart()s: operations are issued when the outermost group ends (NCCL nests them
-    /// the same way).
-    uint32_t groupDepth = 0;
-    std::atomic<bool> aborted{false};
-
-    // native engine
-    std::vector<CommOwner> comms; ///< per local rank
-
-    // staged engine
-    std::optional<ComputeClient> host;       ///< between processes (processCount > 1)
-    std::shared_ptr<ComputeServer> hostServer;
-    CommOwner processComm;                   ///< ranks = processes, on the host plugin
-    /// Point-to-point operations with other processes in a staged group: at groupEnd every
-    /// `post` runs inside one group of the host plugin (so a ring of sends and recvs between
-    /// processes cannot wait on each other), then every `finish` in order.
-    struct Deferred {
-        std::function<void()> post;
-        std::function<void()> finish;
-    };
-    std::vector<Deferred> deferred;
-    /// Every engine: point-to-point calls between two ranks of this process, held until the
-    /// outermost groupEnd checks that they pair up exactly. An unmatched one would pair with a
-    /// later collective and wait forever (native), or its payload would reach a later group's
-    /// recv (staged).
-    struct LocalP2p {
-        uint32_t from = 0;
-        uint32_t to = 0;
-        uint64_t bytes = 0;
-        bool sending = false;
-        size_t local = 0;    ///< the local device that sends or receives
-        Buffer buffer;
-        StreamId stream = 0; ///< the calling thread's current stream at the call
-        bp_collective_args args{};
-    };
-    std::vector<LocalP2p> localP2p;
-
-    ~CommunicatorState() {
-        // A collective still pending uses its communicator: wait for the streams first. A device
-        // that failed cannot be waited for; its communicator is aborted instead.
-        for (size_t i = 0; i < servers.size() && i < comms.size(); ++i) {
-            try {
-                servers[i]->syncAll();
-            } catch (...) {
-                if (comms[i]) servers[i]->driver().commAbort(comms[i].get());
-            }
-        }
-        if (hostServer && processComm) {
-            try {
-                hostServer->syncAll();
-            } catch (...) {
-                hostServer->driver().commAbort(processComm.get());
-            }
-        }
-    }
-
-    StreamId stream() const { return ComputeClient::currentStream(); }
-    void checkUsable(const char *what) const {
-        if (aborted.load())
-            throw Error(ErrorCode::Remote,
-                        std::string(what) + ": the communicator was aborted; make a new one");
-    }
-};
-
 namespace {
-
-constexpr const char *kStagedEngine = "staged (host memory; gloo between processes)";
-
-[[noreturn]] void invalid(const std::string &what, const std::string &why) {
-    throw Error(ErrorCode::InvalidArgument, what + ": " + why);
-}
 
 Bytes toBytes(const std::string &text) {
     Bytes out(text.size());
@@ -157,121 +76,7 @@ std::string toText(const Bytes &bytes) {
     return std::string(reinterpret_cast<const char *>(bytes.data()), bytes.size());
 }
 
-/// Joins `comms[i]` for every local server concurrently (a plugin's comm_create returns once
-/// every rank joined, so ranks of one process must join from separate threads).
-std::vector<CommOwner> joinAll(const std::vector<Driver *> &drivers, const Bytes &id,
-                               uint32_t firstRank, uint32_t size, uint64_t timeoutMs) {
-    std::vector<std::future<CommOwner>> joins;
-    for (size_t i = 0; i < drivers.size(); ++i)
-        joins.push_back(std::async(std::launch::async, [&, i] {
-            return drivers[i]->commCreate(id, firstRank + static_cast<uint32_t>(i), size,
-                                          timeoutMs);
-        }));
-    std::vector<CommOwner> comms;
-    std::exception_ptr failure;
-    for (auto &j : joins) {
-        try {
-            comms.push_back(j.get());
-        } catch (...) {
-            if (!failure) failure = std::current_exception();
-        }
-    }
-    if (failure) {
-        for (size_t i = 0; i < comms.size(); ++i) drivers[i]->commAbort(comms[i].get());
-        std::rethrow_exception(failure);
-    }
-    return comms;
-}
-
-/// The id bytes process 0 made, handed to every process through the rendezvous.
-Bytes shareId(Rendezvous &rendezvous, uint32_t process, const std::function<Bytes()> &make,
-              std::chrono::milliseconds timeout) {
-    const Bytes mine = process == 0 ? make() : Bytes{};
-    const std::vector<Bytes> all = rendezvous.allGather(mine, timeout);
-    if (all.empty() || all[0].empty())
-        throw Error(ErrorCode::InvalidArgument,
-                    "Communicator::create: process 0 sent no communicator id");
-    return all[0];
-}
-
 } // namespace
-
-// ----- the staged engine ------------------------------------------------------------------------
-
-namespace {
-
-/// The bytes of `buffer` (count elements), read on the current stream.
-Bytes readAll(ComputeServer &server, StreamId stream, const Buffer &buffer, uint64_t bytes) {
-    Bytes out(bytes);
-    if (bytes != 0) server.readInto(stream, buffer, 0, out.data(), bytes);
-    return out;
-}
-
-void writeAll(ComputeServer &server, StreamId stream, const Buffer &buffer, const Bytes &data,
-              uint64_t offset = 0, uint64_t bytes = UINT64_MAX) {
-    if (bytes == UINT64_MAX) bytes = data.size() - offset;
-    if (bytes != 0) server.write(stream, buffer, 0, data.data() + offset, bytes);
-}
-
-/// A collective of the process communicator recorded on the host plugin, its result not read yet.
-struct ProcessPending {
-    /// Kept until the result is read: inside a comm group the host plugin runs the group's
-    /// collectives together at its end, not in stream order, so a send buffer freed after its
-    /// post could be handed to a later post of the same group while the send still reads it.
-    Buffer send;
-    Buffer recv;
-    uint64_t recvBytes = 0;
-};
-
-/// Records one collective of the process communicator over `data` (host memory) on the host
-/// plugin; finishProcess reads its result.
-ProcessPending postProcess(CommunicatorState &s, bp_collective op, DataType type, ReduceOp reduce,
-                           uint32_t peer, const Bytes &data, uint64_t count, uint64_t recvBytes) {
-    ComputeServer &host = *s.hostServer;
-    const StreamId stream = s.stream();
-    const uint64_t sendBytes = data.size();
-    Buffer send = host.empty(stream, std::max<uint64_t>(sendBytes, 1));
-    Buffer recv = host.empty(stream, std::max<uint64_t>(recvBytes, 1));
-    if (sendBytes != 0) host.write(stream, send, 0, data.data(), sendBytes);
-    bp_collective_args args{};
-    args.struct_size = sizeof(args);
-    args.op = op;
-    args.type = static_cast<bp_data_type>(type);
-    args.reduce = static_cast<bp_reduce_op>(reduce);
-    args.peer = peer;
-    args.count = count;
-    host.collective(stream, s.processComm.get(), args, &send, sendBytes, &recv, recvBytes,
-                    "staged collective between processes");
-    return {send, recv, recvBytes};
-}
-
-Bytes finishProcess(CommunicatorState &s, const ProcessPending &pending) {
-    return readAll(*s.hostServer, s.stream(), pending.recv, pending.recvBytes);
-}
-
-/// postProcess, then its result.
-Bytes processCollective(CommunicatorState &s, bp_collective op, DataType type, ReduceOp reduce,
-                        uint32_t peer, const Bytes &data, uint64_t count, uint64_t recvBytes) {
-    return finishProcess(s, postProcess(s, op, type, reduce, peer, data, count, recvBytes));
-}
-
-/// The reduction of every local rank's bytes, then (several processes) of every process's.
-/// Avg is summed here; the caller divides.
-Bytes reduceEverywhere(CommunicatorState &s, std::span<const Buffer> send, uint64_t count,
-                       DataType type, ReduceOp op) {
-    const uint64_t bytes = count * sizeOf(type);
-    const ReduceOp partial = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-    Bytes acc = readAll(*s.servers[0], s.stream(), send[0], bytes);
-    for (size_t i = 1; i < send.size(); ++i)
-        reduceInto(acc, readAll(*s.servers[i], s.stream(), send[i], bytes), type, partial);
-    if (s.processCount > 1)
-        acc = processCollective(s, BP_COLLECTIVE_ALL_REDUCE, type, partial, 0, acc, count, bytes);
-    if (op == ReduceOp::Avg) divideBy(acc, type, s.worldSize);
-    return acc;
-}
-
-} // namespace
-
 } // namespace detail
 
 using detail::Bytes;
@@ -284,49 +89,6 @@ Communicator Communicator::create(std::vector<ComputeClient> devices, Rendezvous
     return createWith(std::move(devices), rendezvous, std::move(options),
                                       [] { return std::optional<ComputeClient>(); });
 }
-
-namespace detail {
-namespace {
-
-/// Whether the staged path between processes can run on `device`: it moves host memory, so a
-/// CPU device, with a collective engine (the host plugin's Gloo). `asyncStreams`: only one whose
-/// streams are asynchronous, as the engine choice counts a rank's collectives (a sync-mode host
-/// device has no Gloo there).
-bool carriesProcesses(const DeviceInfo &device, bool asyncStreams) {
-    return device.type == DeviceType::Cpu &&
-           (device.capabilities & BP_CAPABILITY_COLLECTIVES) != 0 &&
-           (!asyncStreams || (device.capabilities & BP_CAPABILITY_ASYNC_STREAMS) != 0);
-}
-
-/// One of `given` that carriesProcesses, else the first such device of `runtime`, opened.
-ComputeClient openProcessCarrier(const Runtime &runtime, const std::vector<ComputeClient> &given) {
-    for (const ComputeClient &c : given)
-        if (carriesProcesses(c.device(), true)) return c;
-    std::string why;
-    for (const PhysicalDevice &physical : runtime.devices())
-        for (const DeviceInfo &route : physical.routes) {
-            if (carriesProcesses(route, false)) {
-                try {
-                    return runtime.open(runtime.select(route.id()));
-                } catch (const Error &e) {
-                    throw Error(ErrorCode::Unsupported,
-                                "Communicator::create: the staged path between processes runs on "
-                                "the collectives of " + route.id() + " (" + route.collectives +
-                                    "), and it could not be opened: " + std::string(e.what()));
-                }
-            }
-            if (route.type == DeviceType::Cpu)
-                why += (why.empty() ? "" : "; ") + route.id() + " has none (" +
-                       (route.collectives.empty() ? std::string("no engine named")
-                                                  : route.collectives) + ")";
-        }
-    invalid("Communicator::create",
-            "the staged path between processes needs the collectives of a CPU device (the host "
-            "plugin's Gloo), and " + (why.empty() ? std::string("there is no CPU device") : why));
-}
-
-} // namespace
-} // namespace detail
 
 Communicator Communicator::create(const Runtime &runtime, std::vector<ComputeClient> devices,
                                   Rendezvous &rendezvous, CommunicatorOptions options) {
