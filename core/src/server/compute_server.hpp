@@ -325,15 +325,15 @@ private:
     /// (poisoning.cpp, docs/streams.md "What failed work leaves behind"): when `issue` throws,
     /// the ranges are poisoned with the failure, named by `describe()` ("kernel 'saxpy'"),
     /// unless the device is lost (then none of its memory is readable anyway); when it returns,
-    /// they hold valid data again. Marking happens at issue, in the order the engine orders the
-    /// operations themselves.
+    /// they hold valid data again. Marking happens when the call returns or throws, in the order
+    /// of the calls.
     template <class F, class D>
     void issueWriting(std::span<const SliceRange> written, uint32_t slot, D &&describe,
                       F &&issue);
     /// Runs `op`, which enqueues one operation on stream `s` of `slot` (engine lock held). While
     /// a trace records device times on a device that has timestamps, `op` goes between two
     /// timing events, and the span is drawn on the slot's device lane once its work completed
-    /// (trace_device.cpp, docs/trace.md "Device times").
+    /// (device_times.cpp, docs/trace.md "Device times").
     template <class F>
     void timed(bp_stream *s, uint32_t slot, const char *category, std::string_view name, F &&op);
     /// Draws the device spans whose work completed, placed on the host clock by a timing event
