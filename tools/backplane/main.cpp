@@ -88,6 +88,15 @@ int main(int argc, char **argv) {
         if (c.name == nullptr || name != c.name) continue;
         return c.run(backplane::tool::Args(argv + 2, argv + argc));
     }
+    for (const char *suite : {"bench", "conformance", "plugin"})
+        if (name == suite) {
+            std::fprintf(stderr,
+                         "backplane: '%s' is not in this build (configured with "
+                         "-Dtool_suites=false, as tools/run demo does); tools/run test builds "
+                         "every command\n",
+                         suite);
+            return 2;
+        }
     std::fprintf(stderr, "backplane: unknown command '%s'\n\n", name.c_str());
     return usage(stderr);
 }
