@@ -8,12 +8,16 @@
 #include <backplane/communicator.hpp>
 #include <backplane/runtime.hpp>
 
+#include <backplane/error.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -137,8 +141,8 @@ Bytes finishProcess(CommunicatorState &s, const ProcessPending &pending);
 /// postProcess, then its result.
 Bytes processCollective(CommunicatorState &s, bp_collective op, DataType type, ReduceOp reduce,
                         uint32_t peer, const Bytes &data, uint64_t count, uint64_t recvBytes);
-/// The reduction of every local rank's bytes, then (several processes) of every process's.
-/// Avg is summed here; the caller divides.
+/// The reduction of every local rank's bytes, then (several processes) of every process's; Avg
+/// is summed, then divided by the world size at the end.
 Bytes reduceEverywhere(CommunicatorState &s, std::span<const Buffer> send, uint64_t count,
                        DataType type, ReduceOp op);
 

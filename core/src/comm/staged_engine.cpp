@@ -3,6 +3,8 @@
 #include "comm/communicator_state.hpp"
 #include "comm/host_reduce.hpp"
 
+#include <algorithm>
+
 namespace backplane::detail {
 
 /// The bytes of `buffer` (count elements), read on the current stream.
@@ -50,8 +52,7 @@ Bytes processCollective(CommunicatorState &s, bp_collective op, DataType type, R
     return finishProcess(s, postProcess(s, op, type, reduce, peer, data, count, recvBytes));
 }
 
-/// The reduction of every local rank's bytes, then (several processes) of every process's.
-/// Avg is summed here; the caller divides.
+// Avg: summed everywhere, divided by the world size once at the end.
 Bytes reduceEverywhere(CommunicatorState &s, std::span<const Buffer> send, uint64_t count,
                        DataType type, ReduceOp op) {
     const uint64_t bytes = count * sizeOf(type);
