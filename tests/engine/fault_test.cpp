@@ -695,22 +695,40 @@ TEST_CASE("an automatic reopen does not wait for the lost open's running kernels
     watchdog.join();
 }
 
+namespace {
+
+/// host:0 and host:1 of `runtime`; none (with a message) when collectives are needed and the
+/// host plugin has none here.
+std::vector<ComputeClient> twoHostDevices(const Runtime &runtime, bool needCollectives = true) {
+    std::vector<ComputeClient> devices = {runtime.open(runtime.select("host:0")),
+                                          runtime.open(runtime.select("host:1"))};
+    if (needCollectives && (devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
+        MESSAGE("no host collectives here (" << devices[0].device().collectives
+                                             << "): the case checks nothing");
+        return {};
+    }
+    return devices;
+}
+
+/// A communicator of `clients` in this process, with a 3 s timeout.
+Communicator localCommunicator(std::vector<ComputeClient> &clients, bool staged = false) {
+    CommunicatorOptions options;
+    options.timeout = std::chrono::seconds(3);
+    options.forceStaged = staged;
+    auto rendezvous = localRendezvous();
+    return Communicator::create(clients, *rendezvous, options);
+}
+
+} // namespace
+
 TEST_CASE("a sticky fault in a collective: the rank's device is lost, its peer fails within the "
           "communicator's timeout, and both reopen and all-reduce again") {
     const auto runtime = runtimeWith(
         "async", R"([{"device": 0, "operation": "collective", "nth": 1, "class": "sticky"}])");
-    std::vector<ComputeClient> devices = {runtime->open(runtime->select("host:0")),
-                                          runtime->open(runtime->select("host:1"))};
-    if ((devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
-        MESSAGE("no host collectives here (" << devices[0].device().collectives
-                                             << "): the case checks nothing");
-        return;
-    }
+    std::vector<ComputeClient> devices = twoHostDevices(*runtime);
+    if (devices.empty()) return;
     const auto allReduce = [](std::vector<ComputeClient> &clients) {
-        CommunicatorOptions options;
-        options.timeout = std::chrono::seconds(3);
-        auto rendezvous = localRendezvous();
-        Communicator comm = Communicator::create(clients, *rendezvous, options);
+        Communicator comm = localCommunicator(clients);
         std::vector<Buffer> send, recv;
         for (size_t r = 0; r < clients.size(); ++r) {
             send.push_back(clients[r].createFrom<float>(std::vector<float>(1024, float(r + 1))));
@@ -730,8 +748,7 @@ TEST_CASE("a sticky fault in a collective: the rank's device is lost, its peer f
                   zero.message);
     // Both close and reopen; the all-reduce works again (the fault fired once).
     for (ComputeClient &c : devices) CHECK(outcomeOf([&] { c.close(); }).code == "");
-    std::vector<ComputeClient> again = {runtime->open(runtime->select("host:0")),
-                                        runtime->open(runtime->select("host:1"))};
+    std::vector<ComputeClient> again = twoHostDevices(*runtime);
     const auto out = allReduce(again);
     CHECK(out[0] == std::vector<float>(1024, 3.0f));
     CHECK(out[1] == std::vector<float>(1024, 3.0f));
@@ -740,17 +757,9 @@ TEST_CASE("a sticky fault in a collective: the rank's device is lost, its peer f
 TEST_CASE("a refused collective poisons its receive buffer; the send buffer keeps its data") {
     const auto runtime = runtimeWith(
         "async", R"([{"device": 0, "operation": "collective", "nth": 1, "class": "refused"}])");
-    std::vector<ComputeClient> devices = {runtime->open(runtime->select("host:0")),
-                                          runtime->open(runtime->select("host:1"))};
-    if ((devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
-        MESSAGE("no host collectives here (" << devices[0].device().collectives
-                                             << "): the case checks nothing");
-        return;
-    }
-    CommunicatorOptions options;
-    options.timeout = std::chrono::seconds(3);
-    auto rendezvous = localRendezvous();
-    Communicator comm = Communicator::create(devices, *rendezvous, options);
+    std::vector<ComputeClient> devices = twoHostDevices(*runtime);
+    if (devices.empty()) return;
+    Communicator comm = localCommunicator(devices);
     std::vector<Buffer> send, recv;
     for (size_t r = 0; r < devices.size(); ++r) {
         send.push_back(devices[r].createFrom<float>(floats(1024, float(r + 1))));
@@ -814,17 +823,9 @@ TEST_CASE("a collective whose send buffer is poisoned on one rank issues nothing
         // Fills on host:1: the first one fails.
         const auto runtime = runtimeWith(
             "async", R"([{"device": 1, "operation": "fill", "nth": 1, "class": "refused"}])");
-        std::vector<ComputeClient> devices = {runtime->open(runtime->select("host:0")),
-                                              runtime->open(runtime->select("host:1"))};
-        if (!staged && (devices[0].device().capabilities & BP_CAPABILITY_COLLECTIVES) == 0) {
-            MESSAGE("no host collectives here: the native case checks nothing");
-            continue;
-        }
-        CommunicatorOptions options;
-        options.timeout = std::chrono::seconds(3);
-        options.forceStaged = staged;
-        auto rendezvous = localRendezvous();
-        Communicator comm = Communicator::create(devices, *rendezvous, options);
+        std::vector<ComputeClient> devices = twoHostDevices(*runtime, !staged);
+        if (devices.empty()) continue;
+        Communicator comm = localCommunicator(devices, staged);
         std::vector<Buffer> send, recv;
         for (size_t r = 0; r < devices.size(); ++r) {
             send.push_back(devices[r].createFrom<float>(floats(256, float(r + 1))));

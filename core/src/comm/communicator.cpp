@@ -345,17 +345,10 @@ void nativeAll(CommunicatorState &s, bp_collective op, std::span<const Buffer> s
     detail::Driver &driver = s.servers[0]->driver();
     if (group) driver.commGroup(true);
     try {
-        for (size_t i = 0; i < s.servers.size(); ++i) {
-            bp_collective_args args{};
-            args.struct_size = sizeof(args);
-            args.op = op;
-            args.type = static_cast<bp_data_type>(type);
-            args.reduce = static_cast<bp_reduce_op>(reduce);
-            args.peer = peer;
-            args.count = count;
+        const bp_collective_args args = detail::collectiveArgs(op, type, reduce, peer, count);
+        for (size_t i = 0; i < s.servers.size(); ++i)
             s.servers[i]->collective(s.stream(), s.comms[i].get(), args, &send[i], sendBytes,
                                      &recv[i], recvBytes, name);
-        }
     } catch (...) {
         if (group) driver.commGroup(false);
         throw;
@@ -644,11 +637,8 @@ void pointToPoint(CommunicatorState &s, bool sending, const Buffer &buffer, uint
     p2p.local = local;
     p2p.buffer = buffer;
     p2p.stream = stream;
-    p2p.args.struct_size = sizeof(p2p.args);
-    p2p.args.op = sending ? BP_COLLECTIVE_SEND : BP_COLLECTIVE_RECV;
-    p2p.args.type = static_cast<bp_data_type>(type);
-    p2p.args.peer = peer;
-    p2p.args.count = count;
+    p2p.args = detail::collectiveArgs(sending ? BP_COLLECTIVE_SEND : BP_COLLECTIVE_RECV, type,
+                              ReduceOp::Sum, peer, count);
     checkPointToPoint(s, p2p);
     if (s.processOfRank[peer] == s.process) return holdLocalP2p(s, std::move(p2p), verb);
 

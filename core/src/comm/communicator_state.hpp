@@ -104,6 +104,19 @@ inline constexpr const char *kStagedEngine = "staged (host memory; gloo between 
     throw Error(ErrorCode::InvalidArgument, what + ": " + why);
 }
 
+/// The plugin's arguments of one collective (send and recv are filled in by the server).
+inline bp_collective_args collectiveArgs(bp_collective op, DataType type, ReduceOp reduce,
+                                         uint32_t peer, uint64_t count) {
+    bp_collective_args args{};
+    args.struct_size = sizeof(args);
+    args.op = op;
+    args.type = static_cast<bp_data_type>(type);
+    args.reduce = static_cast<bp_reduce_op>(reduce);
+    args.peer = peer;
+    args.count = count;
+    return args;
+}
+
 // ----- joining (communicator_join.cpp) -----------------------------------------------------------
 
 /// Joins `comms[i]` for every local server concurrently (a plugin's comm_create returns once

@@ -30,14 +30,8 @@ ProcessPending postProcess(CommunicatorState &s, bp_collective op, DataType type
     Buffer send = host.empty(stream, std::max<uint64_t>(sendBytes, 1));
     Buffer recv = host.empty(stream, std::max<uint64_t>(recvBytes, 1));
     if (sendBytes != 0) host.write(stream, send, 0, data.data(), sendBytes);
-    bp_collective_args args{};
-    args.struct_size = sizeof(args);
-    args.op = op;
-    args.type = static_cast<bp_data_type>(type);
-    args.reduce = static_cast<bp_reduce_op>(reduce);
-    args.peer = peer;
-    args.count = count;
-    host.collective(stream, s.processComm.get(), args, &send, sendBytes, &recv, recvBytes,
+    host.collective(stream, s.processComm.get(), collectiveArgs(op, type, reduce, peer, count),
+                    &send, sendBytes, &recv, recvBytes,
                     "staged collective between processes");
     return {send, recv, recvBytes};
 }
