@@ -850,3 +850,33 @@ TEST_CASE("a collective whose send buffer is poisoned on one rank issues nothing
         CHECK(devices[1].readAs<float>(recv[1]) == floats(256, 3.0f));
     }
 }
+
+TEST_CASE("poisoning, second review: a buffer cleared piece by piece keeps exact ranges; a "
+          "broadcast readTensor over poison is OutOfMemory, never std::bad_alloc") {
+    // Fills on host:0: the first one (over the whole buffer) fails.
+    const auto runtime =
+        runtimeWith("async", R"([{"device": 0, "operation": "fill", "nth": 1, "class": "refused"}])");
+    ComputeClient zero = runtime->open(runtime->select("host:0"));
+    constexpr uint64_t kPieces = 1024;
+    Buffer b = zero.createFrom<float>(floats(2 * kPieces, 1.0f));
+    CHECK(outcomeOf([&] { zero.fill(b, 0u); }).code == "internal");
+    // Every other word written again: 1024 separate poisoned ranges are left.
+    for (uint64_t i = 0; i < kPieces; ++i) zero.fill(b, 0x40000000u, i * 8, 4); // 2.0f
+    const Outcome whole = outcomeOf([&] { (void)zero.readAs<float>(b); });
+    CHECK(whole.code == "poisoned");
+    CHECK_MESSAGE(contains(whole.message, "bytes 4 to 8 "), whole.message);
+    bool exact = true;
+    for (uint64_t i = 0; i < kPieces && exact; i += 37) {
+        float value = 0;
+        exact = outcomeOf([&] { zero.readInto(b, i * 8, &value, 4); }).code == "" &&
+                value == 2.0f &&
+                outcomeOf([&] { zero.readInto(b, i * 8 + 4, &value, 4); }).code == "poisoned";
+    }
+    CHECK(exact);
+    // A broadcast of one poisoned element to 2^40 elements: refused for its size, as without
+    // poison (the check for poison would list a run per element).
+    const Outcome huge =
+        outcomeOf([&] { (void)zero.readTensor(Tensor{b.view(4, 4), {1ull << 40}, {0}, 4}); });
+    CHECK(huge.code == "out_of_memory");
+    CHECK(computes(zero));
+}

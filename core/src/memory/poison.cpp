@@ -1,65 +1,59 @@
 #include "memory/poison.hpp"
 
-#include <mutex>
+#include <iterator>
 
 namespace backplane::detail {
 
-namespace {
-
-/// One lock for every allocation's ranges: they are touched only on the failure path and by
-/// operations on memory that is poisoned, never under it is another lock taken.
-std::mutex &poisonLock() {
-    static std::mutex lock;
-    return lock;
-}
-
-} // namespace
-
 void Poison::cut(uint64_t begin, uint64_t end) {
-    std::vector<Range> kept;
-    kept.reserve(ranges_.size() + 1);
-    for (Range &r : ranges_) {
-        if (r.end <= begin || r.begin >= end) {
-            kept.push_back(std::move(r));
-            continue;
+    auto it = ranges_.lower_bound(begin);
+    if (it != ranges_.begin())
+        if (const auto before = std::prev(it); before->second.end > begin) it = before;
+    while (it != ranges_.end() && it->first < end) {
+        const uint64_t start = it->first;
+        const Range range = it->second;
+        it = ranges_.erase(it);
+        if (start < begin) ranges_.emplace(start, Range{begin, range.why});
+        if (range.end > end) {
+            // Ranges are disjoint: nothing after this one starts before `end`.
+            ranges_.emplace(end, Range{range.end, range.why});
+            break;
         }
-        if (r.begin < begin) kept.push_back({r.begin, begin, r.why});
-        if (r.end > end) kept.push_back({end, r.end, r.why});
     }
-    ranges_ = std::move(kept);
 }
 
 void Poison::mark(uint64_t begin, uint64_t end, PoisonReason why) {
     if (begin >= end) return;
-    std::lock_guard lock(poisonLock());
+    std::lock_guard lock(mutex_);
     cut(begin, end);
-    ranges_.push_back({begin, end, std::move(why)});
+    ranges_.emplace(begin, Range{end, std::move(why)});
     any_.store(true, std::memory_order_release);
 }
 
 void Poison::clear(uint64_t begin, uint64_t end) {
     if (!any() || begin >= end) return;
-    std::lock_guard lock(poisonLock());
+    std::lock_guard lock(mutex_);
     cut(begin, end);
     any_.store(!ranges_.empty(), std::memory_order_release);
 }
 
 void Poison::reset() {
     if (!any()) return;
-    std::lock_guard lock(poisonLock());
+    std::lock_guard lock(mutex_);
     ranges_.clear();
     any_.store(false, std::memory_order_release);
 }
 
 Poison::Hit Poison::find(uint64_t begin, uint64_t end) const {
     if (!any()) return {};
-    std::lock_guard lock(poisonLock());
-    const Range *first = nullptr;
-    for (const Range &r : ranges_)
-        if (r.begin < end && r.end > begin && (first == nullptr || r.begin < first->begin))
-            first = &r;
-    if (first == nullptr) return {};
-    return {first->why, first->begin, first->end};
+    std::lock_guard lock(mutex_);
+    // The first range overlapping [begin, end): the one before `begin` if it reaches past it,
+    // else the first starting inside.
+    auto it = ranges_.lower_bound(begin);
+    if (it != ranges_.begin())
+        if (const auto before = std::prev(it); before->second.end > begin)
+            return {before->second.why, before->first, before->second.end};
+    if (it != ranges_.end() && it->first < end) return {it->second.why, it->first, it->second.end};
+    return {};
 }
 
 } // namespace backplane::detail

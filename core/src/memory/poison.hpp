@@ -3,9 +3,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
-#include <vector>
 
 namespace backplane::detail {
 
@@ -19,8 +20,10 @@ using PoisonReason = std::shared_ptr<const std::string>;
 /// from the allocation's start; marking and clearing happen when an operation is issued, in the
 /// order the engine orders the operations themselves.
 ///
-/// Poisoned allocations are rare: `any()` is one relaxed-cost atomic load, and the ranges
-/// themselves sit behind one process-wide lock that no other lock is taken under.
+/// Poisoned allocations are rare: `any()` is one atomic load. The ranges are an ordered map
+/// behind the allocation's own lock, taken under no other lock and under which none is taken;
+/// marking, clearing and finding cost O(log n) in the ranges (a buffer cleared piece by piece
+/// stays cheap).
 class Poison {
 public:
     Poison() = default;
@@ -46,15 +49,15 @@ public:
 
 private:
     struct Range {
-        uint64_t begin = 0;
         uint64_t end = 0;
         PoisonReason why;
     };
-    /// Removes [begin, end) from ranges_ (the lock is held).
+    /// Removes [begin, end) from ranges_ (mutex_ is held).
     void cut(uint64_t begin, uint64_t end);
 
     std::atomic<bool> any_{false};
-    std::vector<Range> ranges_; ///< disjoint; guarded by the process-wide poison lock
+    mutable std::mutex mutex_;
+    std::map<uint64_t, Range> ranges_; ///< by start, disjoint; guarded by mutex_
 };
 
 } // namespace backplane::detail

@@ -161,19 +161,27 @@ ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
     refuseWhileRecording(stream, "readTensor()");
     const uint64_t packed = checkTensor(tensor, "readTensor", false);
     if (packed == 0) return ReadFuture([] { return std::vector<std::byte>{}; });
-    // Only the tensor's own bytes must hold valid data, not the gaps between its rows.
-    if (Slice &slice = *sliceOf(tensor.buffer, "readTensor"); slice.poison.any())
-        for (const Run &r : runsOf(tensor))
-            refusePoisoned(slice, tensor.buffer.offset() + r.device,
-                           tensor.buffer.offset() + r.device + r.bytes, "readTensor");
-    if (isPacked(tensor)) return read(stream, tensor.buffer, 0, packed, true);
-    // One read of the whole span (one transfer beats one per row), packed on the host. The
-    // result is allocated now: a tensor too large for host memory (a broadcast of a few bytes to
-    // terabytes) fails here with Error(OutOfMemory), before anything is transferred.
     uint64_t last = 0;
     for (size_t i = 0; i < tensor.shape.size(); ++i)
         last += (tensor.shape[i] - 1) * tensor.strides[i];
     const uint64_t span = (last + 1) * tensor.elementSize;
+    // Only the tensor's own bytes must hold valid data, not the gaps between its rows. The runs
+    // are listed only when its span holds poison, and after the size checks below (a broadcast
+    // has a run per element).
+    const auto refusePoisonedRuns = [&] {
+        Slice &slice = *sliceOf(tensor.buffer, "readTensor");
+        const uint64_t base = tensor.buffer.offset();
+        if (!slice.poison.any() || !slice.poison.find(base, base + span).why) return;
+        for (const Run &r : runsOf(tensor))
+            refusePoisoned(slice, base + r.device, base + r.device + r.bytes, "readTensor");
+    };
+    if (isPacked(tensor)) {
+        refusePoisonedRuns();
+        return read(stream, tensor.buffer, 0, packed, true);
+    }
+    // One read of the whole span (one transfer beats one per row), packed on the host. The
+    // result is allocated now: a tensor too large for host memory (a broadcast of a few bytes to
+    // terabytes) fails here with Error(OutOfMemory), before anything is transferred.
     // More than the machine's memory is refused before asking the allocator (which, under a
     // sanitizer, aborts on absurd sizes instead of throwing); the rest may still not fit.
     const auto tooLarge = [&] {
@@ -189,6 +197,11 @@ ReadFuture ComputeServer::readTensor(StreamId stream, const Tensor &tensor) {
     try {
         out = std::make_shared<std::vector<std::byte>>(packed);
     } catch (const std::exception &) { // std::bad_alloc, std::length_error
+        throw tooLarge();
+    }
+    try {
+        refusePoisonedRuns();
+    } catch (const std::bad_alloc &) { // the list of runs of a large broadcast
         throw tooLarge();
     }
     auto whole = std::make_shared<ReadFuture>(read(stream, tensor.buffer, 0, span, true));
